@@ -1,0 +1,166 @@
+"""The face-analyser interface: detect -> largest face -> align -> embed, batched, one status row per image."""
+
+from __future__ import annotations
+
+import abc
+import enum
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from PIL import Image, UnidentifiedImageError
+from tqdm.auto import tqdm
+
+from .align import align_face
+
+
+class FaceStatus(str, enum.Enum):
+    OK = "ok"
+    EMPTY_FILE = "empty_file"
+    UNREADABLE = "unreadable"
+    TOO_SMALL = "too_small"  # the image, or its largest face, is below the configured size
+    NO_FACE = "no_face"
+    BAD_EMBEDDING = "bad_embedding"  # the recognizer returned NaN/inf or a zero vector
+
+
+@dataclass(frozen=True)
+class Detection:
+    box: np.ndarray  # (4,) x1, y1, x2, y2 in pixels
+    score: float
+    landmarks: np.ndarray  # (5, 2): left eye, right eye, nose, left mouth corner, right mouth corner
+
+    @property
+    def area(self) -> float:
+        return float(max(self.box[2] - self.box[0], 0) * max(self.box[3] - self.box[1], 0))
+
+    @property
+    def min_side(self) -> float:
+        return float(min(self.box[2] - self.box[0], self.box[3] - self.box[1]))
+
+
+class ImageLoadError(Exception):
+    def __init__(self, status: FaceStatus, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def load_rgb(path: str | Path) -> np.ndarray:
+    """Read any PIL-readable image (grey, CMYK, palette, RGBA) as HxWx3 uint8 RGB; bad files raise ImageLoadError."""
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            raise ImageLoadError(FaceStatus.EMPTY_FILE, "file is empty")
+        with Image.open(path) as image:
+            image.load()  # forces the decode, so truncated files fail here
+            return np.asarray(image.convert("RGB"))
+    except ImageLoadError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise ImageLoadError(FaceStatus.UNREADABLE, f"{type(exc).__name__}: {exc}") from exc
+
+
+def largest(detections: Sequence[Detection]) -> Detection | None:
+    """The face with the largest box (the paper keeps the largest face per image)."""
+    return max(detections, key=lambda d: d.area) if detections else None
+
+
+class FaceAnalyser(abc.ABC):
+    """Detect, align and embed faces. Subclasses provide ``detect`` and ``embed``."""
+
+    name: str
+    embedding_dim: int
+    aligned_size: int = 112
+
+    def __init__(self, min_image_size: int = 16, min_face_size: float = 20.0):
+        self.min_image_size = min_image_size
+        self.min_face_size = min_face_size
+
+    @abc.abstractmethod
+    def detect(self, image: np.ndarray) -> list[Detection]:
+        """All faces in one HxWx3 uint8 RGB image."""
+
+    @abc.abstractmethod
+    def embed(self, faces: np.ndarray) -> np.ndarray:
+        """Embeddings (N, D) of aligned faces (N, 112, 112, 3) uint8 RGB, L2-normalised."""
+
+    def align(self, image: np.ndarray, detection: Detection) -> np.ndarray:
+        return align_face(image, detection.landmarks, self.aligned_size)
+
+    def analyse(
+        self,
+        images: Iterable[tuple[str, str | Path]],
+        batch_size: int = 32,
+        progress: bool = True,
+    ) -> pd.DataFrame:
+        """One row per (image_id, path): status, detection score, box, landmarks, embedding.
+
+        A bad image becomes a status row; it never stops the batch.
+        """
+        images = list(images)
+        rows: list[dict] = []
+        pending: list[tuple[dict, np.ndarray]] = []
+        for image_id, path in tqdm(images, desc=f"faces ({self.name})", unit="img", disable=not progress):
+            row = self._detect_one(str(image_id), path)
+            if isinstance(row, tuple):
+                pending.append(row)
+                row = row[0]
+            rows.append(row)
+            if len(pending) >= batch_size:
+                self._embed_pending(pending)
+                pending = []
+        self._embed_pending(pending)
+        return records_to_frame(rows, self.embedding_dim)
+
+    def _detect_one(self, image_id: str, path: str | Path):
+        row = empty_row(image_id)
+        try:
+            image = load_rgb(path)
+        except ImageLoadError as exc:
+            row.update(status=exc.status.value, message=str(exc))
+            return row
+        if min(image.shape[:2]) < self.min_image_size:
+            row.update(status=FaceStatus.TOO_SMALL.value, message=f"image {image.shape[1]}x{image.shape[0]}")
+            return row
+        face = largest(self.detect(image))
+        if face is None:
+            row.update(status=FaceStatus.NO_FACE.value, message="no face detected")
+            return row
+        row.update(det_score=float(face.score), box=np.asarray(face.box, float).tolist(),
+                   landmarks=np.asarray(face.landmarks, float).reshape(-1).tolist())
+        if face.min_side < self.min_face_size:
+            row.update(status=FaceStatus.TOO_SMALL.value, message=f"face {face.min_side:.0f}px")
+            return row
+        return row, self.align(image, face)
+
+    def _embed_pending(self, pending: list[tuple[dict, np.ndarray]]) -> None:
+        if not pending:
+            return
+        embeddings = self.embed(np.stack([face for _, face in pending]))
+        for (row, _), emb in zip(pending, embeddings):
+            norm = float(np.linalg.norm(emb)) if np.all(np.isfinite(emb)) else math.nan
+            if not np.isfinite(norm) or norm < 1e-6:
+                row.update(status=FaceStatus.BAD_EMBEDDING.value, message="non-finite or zero embedding")
+                continue
+            row.update(status=FaceStatus.OK.value, embedding=(emb / norm).astype(np.float32).tolist())
+
+
+def empty_row(image_id: str) -> dict:
+    return {"image_id": image_id, "status": None, "message": "", "det_score": math.nan,
+            "box": None, "landmarks": None, "embedding": None}
+
+
+def records_to_frame(rows: list[dict], dim: int) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=list(empty_row("").keys()))
+    frame.attrs["embedding_dim"] = dim
+    return frame
+
+
+def embedding_matrix(frame: pd.DataFrame) -> np.ndarray:
+    """Stack the ``embedding`` column of the ok rows into an (N, D) float32 array."""
+    ok = frame[frame["status"] == FaceStatus.OK.value]
+    if ok.empty:
+        return np.zeros((0, 0), np.float32)
+    return np.stack(ok["embedding"].to_numpy()).astype(np.float32)
