@@ -91,11 +91,11 @@ class FaceAnalyser(abc.ABC):
 
     def analyse(
         self,
-        images: Iterable[tuple[str, str | Path]],
+        images: Iterable[tuple[str, str | Path | np.ndarray]],
         batch_size: int = 32,
         progress: bool = True,
     ) -> pd.DataFrame:
-        """One row per (image_id, path): status, detection score, box, landmarks, embedding.
+        """One row per (image_id, path or HxWx3 uint8 array): status, detection score, box, landmarks, embedding.
 
         A bad image becomes a status row; it never stops the batch.
         """
@@ -114,10 +114,10 @@ class FaceAnalyser(abc.ABC):
         self._embed_pending(pending)
         return records_to_frame(rows, self.embedding_dim)
 
-    def _detect_one(self, image_id: str, path: str | Path):
+    def _detect_one(self, image_id: str, source: str | Path | np.ndarray):
         row = empty_row(image_id)
         try:
-            image = load_rgb(path)
+            image = source if isinstance(source, np.ndarray) else load_rgb(source)
         except ImageLoadError as exc:
             row.update(status=exc.status.value, message=str(exc))
             return row
@@ -164,3 +164,8 @@ def embedding_matrix(frame: pd.DataFrame) -> np.ndarray:
     if ok.empty:
         return np.zeros((0, 0), np.float32)
     return np.stack(ok["embedding"].to_numpy()).astype(np.float32)
+
+
+def aligned_crops(paths: Sequence[str | Path], landmarks: Sequence, size: int = 112) -> np.ndarray:
+    """(N, size, size, 3) uint8 crops aligned with stored five-point landmarks (no detection rerun)."""
+    return np.stack([align_face(load_rgb(p), np.asarray(l, float).reshape(5, 2), size) for p, l in zip(paths, landmarks)])
