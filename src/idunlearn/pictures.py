@@ -1,4 +1,5 @@
-"""Figures: nearest-neighbour similarity histogram (PIU Fig. 7) and per-identity contact sheets."""
+"""Figures: nearest-neighbour similarity histogram (PIU Fig. 7), per-identity contact sheets and sample grids
+(PIU Figs. 4-5)."""
 
 from __future__ import annotations
 
@@ -32,16 +33,21 @@ def plot_nn_histogram(hist: dict, path: str | Path, eps: float | None = None) ->
     plt.close(fig)
 
 
+def _bare_axes(ax) -> None:
+    """An image cell: no ticks, no frame (axis labels still show, for row names and captions)."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
 def contact_sheet(rows: list[tuple[str, list[str]]], path: str | Path, thumb: int = 64, max_per_row: int = 10) -> None:
     """A labelled grid: one row of thumbnails per (label, image paths)."""
     fig, axes = plt.subplots(len(rows), max_per_row, figsize=(max_per_row * 0.9, len(rows) * 1.1), squeeze=False)
     for r, (label, paths) in enumerate(rows):
         for c in range(max_per_row):
             ax = axes[r, c]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            for spine in ax.spines.values():
-                spine.set_visible(False)
+            _bare_axes(ax)
             if c < len(paths):
                 with Image.open(paths[c]) as image:
                     image = image.convert("RGB")
@@ -64,3 +70,60 @@ def identity_sheet(selection: dict, labels, manifest, path: str | Path, per_row:
          + (" (fallback)" if selection["anchor_fallback"] else ""), [paths[i] for i in anchor_images]),
     ]
     contact_sheet(rows, path, max_per_row=per_row)
+
+
+def sample_grid(rows: list[tuple[str, np.ndarray]], path: str | Path, col_labels: list[str] | None = None,
+                captions: list[list[str]] | None = None, cell: float = 1.3) -> None:
+    """A labelled grid of generated images in the style of PIU Figs. 4-5.
+
+    ``rows``: (label, images) pairs, images a (k, H, W, 3) uint8 array; shorter rows leave blank cells.
+    ``col_labels``: optional titles over the columns. ``captions``: optional text under each image (for instance
+    the cosine to the original identity), one list per row with one string per image. ``cell``: inches per image."""
+    n_cols = max([len(images) for _, images in rows] + [len(col_labels or [])])
+    if captions is not None and [len(c) for c in captions] != [len(images) for _, images in rows]:
+        raise ValueError("captions must hold one string per image, row by row")
+    for label, images in rows:
+        if images.ndim != 4 or images.shape[-1] != 3:
+            raise ValueError(f"row {label!r}: expected (k, H, W, 3) images, got shape {images.shape}")
+    # inches: a caption line under each row, a row-label margin on the left, a column-title margin on top
+    row_height = cell + (0.2 if captions is not None else 0.0)
+    fig, axes = plt.subplots(len(rows), n_cols, figsize=(n_cols * cell + 0.8, len(rows) * row_height + 0.3),
+                             squeeze=False)
+    for r, (label, images) in enumerate(rows):
+        for c in range(n_cols):
+            ax = axes[r, c]
+            _bare_axes(ax)
+            if c < len(images):
+                ax.imshow(images[c])
+                if captions is not None:
+                    ax.set_xlabel(captions[r][c], fontsize=7)
+        axes[r, 0].set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
+    for c, title in enumerate(col_labels or []):
+        axes[0, c].set_title(title, fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=150)
+    plt.close(fig)
+
+
+def before_after_grids(before_npz, before_samples, after_npz, after_samples, run: str, forget_path, retain_path,
+                       per_row: int = 8) -> None:
+    """PIU Fig. 4 (forget: original, anchor and unlearned rows) and Fig. 5 (retain: before and after rows), same
+    conditions and initial noise in each column; captions give the cosine to the sample's own identity."""
+    import pandas as pd
+
+    before, after = np.load(before_npz), np.load(after_npz)
+    scored = {"before": pd.read_parquet(before_samples), "after": pd.read_parquet(after_samples)}
+
+    def part(kind: str, which: str, images: np.ndarray):
+        mask = (scored[which]["kind"] == kind).to_numpy()
+        cos = scored[which].loc[mask, "own_cosine"].to_numpy()[:per_row]
+        return images[mask][:per_row], [f"{c:.2f}" for c in cos]
+
+    f_before, c_before = part("forget", "before", before["samples"])
+    f_after, c_after = part("forget", "after", after["samples"])
+    anchor = before["anchor"][:per_row]
+    sample_grid([("original", f_before), ("anchor", anchor), (run, f_after)], forget_path,
+                captions=[c_before, [""] * len(anchor), c_after])
+    r_before, rc_before = part("retain", "before", before["samples"])
+    r_after, rc_after = part("retain", "after", after["samples"])
+    sample_grid([("before", r_before), (run, r_after)], retain_path, captions=[rc_before, rc_after])

@@ -1,0 +1,1 @@
+"""Evaluation of generators before and after unlearning: identity metrics, kernel distance, quality."""
