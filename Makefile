@@ -20,8 +20,12 @@ setup: $(BIN)/.installed
 assets: setup
 	$(BIN)/python -m idunlearn fetch-assets --configfile $(CONFIG)
 
+REPORT ?= results/report.html
+
 run: assets
 	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
+	$(BIN)/snakemake --report $(REPORT) --configfile $(CONFIG)
+	@echo "Tables: results/tables/metrics.csv, results/tables/summary.csv; report: $(REPORT)"
 
 test: assets
 	$(BIN)/python -m pytest -q
@@ -30,4 +34,4 @@ lint: setup
 	$(BIN)/snakemake --lint --configfile $(CONFIG)
 
 report: setup
-	$(BIN)/snakemake --report results/report.html --configfile $(CONFIG)
+	$(BIN)/snakemake --report $(REPORT) --configfile $(CONFIG)

@@ -14,9 +14,19 @@ include: "rules/data.smk"
 include: "rules/faces.smk"
 include: "rules/identities.smk"
 include: "rules/selection.smk"
+include: "rules/generator.smk"
+include: "rules/layer_analysis.smk"
+include: "rules/unlearning.smk"
+include: "rules/evaluation.smk"
+include: "rules/aggregate.smk"
 
 
 rule all:
     input:
         get_final_outputs,
     default_target: True
+
+
+onsuccess:
+    print(f"idunlearn: tables in {results('tables')}, figures in {results('figures')}; "
+          f"build the HTML report with: snakemake --report {results('report.html')}")

@@ -4,10 +4,15 @@ import os
 
 import pandas as pd
 
-from idunlearn.config import validate_config
+from idunlearn.config import run_config, validate_config
 
 # Validates the config against the package's JSON schema and fills in defaults; errors name the bad key.
 validate_config(config)
+
+
+wildcard_constraints:
+    identity=r"\d+",
+    run=r"(?!original$)[A-Za-z0-9_.-]+",
 
 DATA = config["data_dir"]
 RESULTS = config["results_dir"]
@@ -24,6 +29,14 @@ def logs(name):
 
 def face_models_dir():
     return os.path.join(DATA, "models", "faces", config["faces"]["backend"])
+
+
+def generator_files():
+    """The shipped/trained mini generator checkpoint (the Arc2Face backend loads from the hub instead)."""
+    if config["generator"]["backend"] != "mini":
+        return []
+    folder = config["generator"]["mini"]["checkpoint"]
+    return [os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")]
 
 
 def image_dir():
@@ -43,8 +56,25 @@ def selection_file(wildcards):
 
 
 def get_final_outputs(wildcards):
+    identities = forget_identities()
     return [
         results("identities", "summary.csv"),
         results("identities", "nn_histogram.png"),
         results("selection", "selections.csv"),
-    ] + expand(results("selection", "sheets", "{identity}.png"), identity=forget_identities())
+        results("tables", "metrics.csv"),
+        results("tables", "summary.csv"),
+        results("analysis", "layer_separation.png"),
+        *expand(results("selection", "sheets", "{identity}.png"), identity=identities),
+        *expand(results("figures", "{run}", "{identity}_{kind}.png"), run=run_names(), identity=identities,
+                kind=["forget", "retain"]),
+    ]
+
+
+def run_names():
+    return list(config["unlearning"]["runs"])
+
+
+def run_outputs(kind):
+    """Paths of every run x forget identity for one output of the unlearning/evaluation stages."""
+    pattern = {"metrics": rules.evaluate_unlearned.output.metrics, "timings": rules.unlearn.output.timings}[kind]
+    return expand(pattern, run=run_names(), identity=forget_identities())

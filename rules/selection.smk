@@ -34,3 +34,12 @@ rule identity_sheet:
         "../environment.yml"
     script:
         "../workflow/scripts/identity_sheet.py"
+
+
+rule identity_stages:
+    """Target: everything up to the experiment selection (no generator needed)."""
+    input:
+        results("identities", "summary.csv"),
+        results("identities", "nn_histogram.png"),
+        results("selection", "selections.csv"),
+        lambda wc: expand(results("selection", "sheets", "{identity}.png"), identity=forget_identities()),

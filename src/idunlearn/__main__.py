@@ -1,4 +1,4 @@
-"""Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`."""
+"""Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `python -m idunlearn benchmark-piu ...`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import os
 
 from .assets import PackageAsset, fetch_package
+from .bench_cli import HELP as BENCHMARK_HELP, add_benchmark_arguments, run_benchmark
 from .config import load_config
 
 
@@ -28,9 +29,12 @@ def main(argv=None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     fetch = sub.add_parser("fetch-assets", help=fetch_assets.__doc__)
     fetch.add_argument("--configfile", default="config/config.yaml")
+    add_benchmark_arguments(sub.add_parser("benchmark-piu", help=BENCHMARK_HELP))
     args = parser.parse_args(argv)
     if args.command == "fetch-assets":
         fetch_assets(args.configfile)
+    elif args.command == "benchmark-piu":
+        run_benchmark(args)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,15 @@ def config_hash(obj: Any, length: int = 10) -> str:
     """Short stable hash of a JSON-serialisable config fragment (key order does not matter)."""
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def run_config(config: dict, name: str) -> dict:
+    """The full settings of unlearning run ``name``: ``unlearning.defaults`` overridden by the run's own keys."""
+    unlearning = config["unlearning"]
+    if name not in unlearning["runs"]:
+        raise ConfigError(f"unlearning run {name!r} is not in unlearning.runs ({', '.join(unlearning['runs'])})")
+    unknown = set(unlearning["runs"][name]) - set(unlearning["defaults"])
+    if unknown:
+        raise ConfigError(f"config key 'unlearning.runs.{name}': unknown setting(s) {sorted(unknown)}; "
+                          f"known: {sorted(unlearning['defaults'])}")
+    return {**unlearning["defaults"], **unlearning["runs"][name]}

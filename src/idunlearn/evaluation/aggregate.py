@@ -54,13 +54,11 @@ def before_after(before: Mapping, after: Mapping, keys: Iterable[str]) -> dict:
 
 
 def metrics_row(run: str, run_settings: dict, selection_row: dict, before: Mapping, after: Mapping,
-                timings: Mapping, keys: Iterable[str]) -> dict:
-    """One row of the metrics table: the run, its settings and configuration hash, the experiment, the metrics
-    before and after unlearning, and the run's cost."""
+                keys: Iterable[str]) -> dict:
+    """One row of the metrics table: the run, its settings and configuration hash, the experiment, and the metrics
+    before and after unlearning. Costs (timings) live in their own table, so that metrics are reproducible."""
     from ..config import config_hash
 
     settings = {f"hp_{k}": (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in sorted(run_settings.items())}
-    cost = {f"cost_{k}": timings[k] for k in ("trainable_parameters", "seconds_per_step", "seconds_this_session")
-            if k in timings}
     return {"run": run, "config_hash": config_hash(run_settings), **selection_row, **settings,
-            **before_after(before, after, keys), **cost}
+            **before_after(before, after, keys)}

@@ -1,0 +1,44 @@
+# Stage "aggregate": one table row per (run, forget identity), summaries with 95% intervals, image grids.
+
+
+rule aggregate:
+    input:
+        selections=rules.select_experiments.output.table,
+        before=lambda wc: expand(rules.evaluate_original.output.metrics, identity=forget_identities()),
+        after=lambda wc: run_outputs("metrics"),
+        timings=lambda wc: run_outputs("timings"),
+    output:
+        metrics=results("tables", "metrics.parquet"),
+        metrics_csv=report(results("tables", "metrics.csv"), category="Tables"),
+        summary=results("tables", "summary.parquet"),
+        summary_csv=report(results("tables", "summary.csv"), category="Tables"),
+        costs=report(results("tables", "costs.csv"), category="Tables"),
+    params:
+        runs={name: run_config(config, name) for name in run_names()},
+    log:
+        logs("aggregate"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/aggregate.py"
+
+
+rule sample_grids:
+    input:
+        before=rules.evaluate_original.output.images,
+        before_samples=rules.evaluate_original.output.samples,
+        after=rules.evaluate_unlearned.output.images,
+        after_samples=rules.evaluate_unlearned.output.samples,
+    output:
+        forget=report(results("figures", "{run}", "{identity}_forget.png"), category="Sample grids",
+                      subcategory="{run}", labels={"identity": "{identity}", "samples": "forget"}),
+        retain=report(results("figures", "{run}", "{identity}_retain.png"), category="Sample grids",
+                      subcategory="{run}", labels={"identity": "{identity}", "samples": "retain"}),
+    params:
+        per_row=8,
+    log:
+        logs("sample_grids/{run}/{identity}"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/sample_grids.py"

@@ -1,0 +1,50 @@
+# Stage "evaluate": the same conditions and initial noise before (once per identity) and after each run.
+
+
+rule evaluate_original:
+    input:
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+    output:
+        samples=results("evaluation", "original", "{identity}", "samples.parquet"),
+        metrics=results("evaluation", "original", "{identity}", "metrics.json"),
+        images=results("evaluation", "original", "{identity}", "images.npz"),
+    params:
+        evaluation=config["evaluation"],
+        generator=config["generator"],
+        faces=config["faces"],
+        device=config["unlearning"]["device"],
+        seed=config["seed"],
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=8000,
+    log:
+        logs("evaluate/original/{identity}"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/evaluate.py"
+
+
+use rule evaluate_original as evaluate_unlearned with:
+    input:
+        changed=rules.unlearn.output.changed,
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+    output:
+        samples=results("evaluation", "{run}", "{identity}", "samples.parquet"),
+        metrics=results("evaluation", "{run}", "{identity}", "metrics.json"),
+        images=results("evaluation", "{run}", "{identity}", "images.npz"),
+    log:
+        logs("evaluate/{run}/{identity}"),

@@ -1,0 +1,33 @@
+# Stage "unlearn": one job per (method configuration, forget identity), starting from the original generator.
+
+
+rule unlearn:
+    input:
+        selection=selection_file,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+    output:
+        changed=results("unlearning", "{run}", "{identity}", "changed_parameters.safetensors"),
+        losses=results("unlearning", "{run}", "{identity}", "losses.parquet"),
+        timings=results("unlearning", "{run}", "{identity}", "timings.json"),
+    params:
+        run=lambda wc: run_config(config, wc.run),
+        generator=config["generator"],
+        device=config["unlearning"]["device"],
+        seed=config["seed"],
+        state=lambda wc: results("unlearning", wc.run, wc.identity, "resume_state.pt"),
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=8000,
+        runtime=60,
+    log:
+        logs("unlearn/{run}/{identity}"),
+    benchmark:
+        results("benchmarks", "unlearn", "{run}", "{identity}.tsv")
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/unlearn.py"

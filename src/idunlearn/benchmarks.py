@@ -1,0 +1,190 @@
+"""Cost of one PIU step: seconds, projected seconds per identity, peak memory and achieved TFLOP/s.
+
+The measured step is the project's own: PIU's objectives (unlearning/piu.py) and the weighted-sum AdamW update
+(unlearning/optimisers.py), on the trainable set of a regime (models/layers.py), as runner.unlearn runs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as dt
+import os
+import platform
+import resource
+import statistics
+import time
+from functools import partial
+
+import numpy as np
+import torch
+from diffusers.models.attention_processor import AttnProcessor
+from torch.utils.flop_counter import FlopCounterMode
+
+from .config import load_schema
+from .models.arc2face import random_arc2face, tiny_arc2face
+from .models.generator import IdentityGenerator
+from .models.layers import select_trainable
+from .unlearning import build_method
+from .unlearning.base import UnlearningData
+from .unlearning.optimisers import build_optimiser
+
+DTYPES = ("fp32", "bf16")
+
+# paper: random-weight Arc2Face at 64x64 latents; tiny: an Arc2Face-shaped model that runs on a CPU in seconds.
+PRESETS = {
+    "paper": {"build": random_arc2face, "forget_batch": 32, "retain_batch": 32, "projected_steps": 400},
+    "tiny": {"build": tiny_arc2face, "forget_batch": 4, "retain_batch": 4, "projected_steps": 400},
+}
+
+
+def default_run_settings() -> dict:
+    """The unlearning defaults of the config schema (PIU paper recipe: lambda 10, eta 1, AdamW 1e-4, ...)."""
+    node = load_schema()["properties"]["unlearning"]["properties"]["defaults"]["properties"]
+    return {key: spec["default"] for key, spec in node.items()}
+
+
+def random_unlearning_data(dim: int = 512, n_forget: int = 10, n_retain: int = 200, seed: int = 0) -> UnlearningData:
+    """Random L2-normalised identity embeddings standing in for a selected experiment."""
+    rng = np.random.default_rng(seed)
+
+    def unit(*shape):
+        x = rng.standard_normal(shape).astype(np.float32)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    return UnlearningData(forget_train=unit(n_forget, dim), retain_train=unit(n_retain, dim), anchor_centroid=unit(dim))
+
+
+def machine_info(device: str | torch.device) -> dict:
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = _cpu_model() or platform.processor() or platform.machine()
+    return {"device": str(device), "device_name": name, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def _plain_attention(*unets):
+    """diffusers' AttnProcessor (explicit matmuls) instead of SDPA, whose CPU kernel FlopCounterMode counts as 0."""
+    saved = [unet.attn_processors for unet in unets]
+    for unet in unets:
+        unet.set_attn_processor(AttnProcessor())
+    try:
+        yield
+    finally:
+        for unet, processors in zip(unets, saved):
+            unet.set_attn_processor(processors)
+
+
+def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int,
+                  regime: str = "surgical", device: str | torch.device = "cuda", dtype: str = "fp32",
+                  compile: bool = False, *, warmup: int = 1, projected_steps: int = 400,
+                  settings: dict | None = None, seed: int = 0) -> dict:
+    """Time ``steps`` PIU steps (after ``warmup`` untimed ones) on ``generator``, which is trained in place.
+
+    dtype "bf16": autocast around the forward passes, parameters and AdamW state stay fp32. ``settings``: PIU and
+    optimiser settings (default: the config schema's unlearning defaults). FLOPs come from FlopCounterMode on
+    steps at batches (1, 1), (2, 1) and (1, 2), extrapolated linearly (every cost of a step is per-sample except
+    the optimiser update, which counts no FLOPs); text-encoder SDPA attention is not counted on CPU (<1% of a step).
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is unknown: use one of {', '.join(DTYPES)}")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+    device = torch.device(device)
+    cfg = {**default_run_settings(), **(settings or {}), "regime": regime, "forget_batch": forget_batch,
+           "retain_batch": retain_batch}
+    generator.to(device)
+    data = random_unlearning_data(n_forget=10, n_retain=200, seed=seed)
+    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+    # as runner.unlearn: frozen teacher copy, regime's trainable set, the configured optimiser
+    generator.requires_grad_(False)
+    teacher = copy.deepcopy(generator.unet).eval()
+    trainable = select_trainable(generator.unet, regime, cfg["surgical_blocks"])
+    optimiser = build_optimiser(list(trainable.values()), cfg)
+    generator.unet.train()
+    # bf16: mixed precision, bf16 forward passes with fp32 parameters, gradients and AdamW state
+    autocast = partial(torch.autocast, device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext
+
+    def step(n_forget: int, n_retain: int) -> None:
+        method = build_method(cfg["method"], {**cfg, "forget_batch": n_forget, "retain_batch": n_retain})
+        with autocast():
+            objectives = method.objectives(generator, teacher, data, rng, gen)
+        optimiser.step(objectives)
+
+    def counted(n_forget: int, n_retain: int) -> int:
+        with FlopCounterMode(display=False) as counter:
+            step(n_forget, n_retain)
+        return counter.get_total_flops()
+
+    with _plain_attention(generator.unet, teacher):
+        base = counted(1, 1)
+        per_forget, per_retain = counted(2, 1) - base, counted(1, 2) - base
+    flops = base + (forget_batch - 1) * per_forget + (retain_batch - 1) * per_retain
+
+    if compile:
+        generator.unet.compile()  # in place: parameter names (and so the trainable set) are unchanged
+        teacher.compile()
+    for _ in range(warmup):
+        step(forget_batch, retain_batch)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds = []
+    for _ in range(steps):
+        _synchronize(device)
+        tick = time.perf_counter()
+        step(forget_batch, retain_batch)
+        _synchronize(device)
+        seconds.append(time.perf_counter() - tick)
+    generator.unet.eval()
+
+    if device.type == "cuda":
+        peak, peak_source = torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated, timed steps"
+    else:  # Linux reports kilobytes; the peak covers the whole process (model building included)
+        peak, peak_source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "ru_maxrss, process lifetime"
+    per_step = statistics.median(seconds)
+    return {
+        "regime": regime, "forget_batch": forget_batch, "retain_batch": retain_batch, "dtype": dtype,
+        "compile": compile, "warmup_steps": warmup, "timed_steps": steps, "seconds_per_step": per_step,
+        "seconds_per_step_all": seconds, "projected_steps": projected_steps,
+        "projected_seconds_per_identity": per_step * projected_steps, "peak_memory_bytes": int(peak),
+        "peak_memory_source": peak_source, "flops_per_step": int(flops),
+        "flops_per_sample": {"base_1_1": int(base), "forget": int(per_forget), "retain": int(per_retain)},
+        "achieved_tflops": flops / per_step / 1e12,
+        "unet_parameters": sum(p.numel() for p in generator.unet.parameters()),
+        "trainable_parameters": sum(p.numel() for p in trainable.values()),
+        "settings": {k: cfg[k] for k in ("method", "optimiser", "eta", "lambda", "lr", "weight_decay")},
+        "machine": machine_info(device), "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def benchmark_preset(preset: str, steps: int, device: str | torch.device = "cuda", dtype: str = "fp32",
+                     compile: bool = False, *, warmup: int = 1, forget_batch: int | None = None,
+                     retain_batch: int | None = None, regime: str = "surgical", projected_steps: int | None = None,
+                     seed: int = 0) -> dict:
+    """Build a preset's random-weight generator and benchmark it; the preset's batches unless given."""
+    try:
+        spec = PRESETS[preset]
+    except KeyError:
+        raise ValueError(f"benchmark preset {preset!r} is unknown: use one of {', '.join(PRESETS)}") from None
+    result = benchmark_piu(spec["build"](seed=seed), steps, forget_batch or spec["forget_batch"],
+                           retain_batch or spec["retain_batch"], regime, device, dtype, compile, warmup=warmup,
+                           projected_steps=projected_steps or spec["projected_steps"], seed=seed)
+    return {"preset": preset, **result}

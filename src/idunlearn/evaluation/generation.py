@@ -1,0 +1,42 @@
+"""Generating evaluation samples and reading them with the face analyser."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..faces.analyser import FaceAnalyser
+from ..models.generator import IdentityGenerator, initial_noise
+from .identity import accuracy, identity_similarity, nearest_centroid
+
+RECOGNIZER_SIZE = 112
+
+
+def to_uint8_images(images: torch.Tensor, size: int = RECOGNIZER_SIZE) -> np.ndarray:
+    """Generated (N, 3, H, W) images in [0, 1] -> (N, size, size, 3) uint8, bicubic-resized for the analyser."""
+    if images.shape[-1] != size:
+        images = torch.nn.functional.interpolate(images, size=(size, size), mode="bicubic", align_corners=False)
+    return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def read_samples(analyser: FaceAnalyser, images: np.ndarray, sample_ids: list[str]) -> pd.DataFrame:
+    """Face-analyser rows for generated images (status ok = a face was detected and embedded)."""
+    return analyser.analyse(list(zip(sample_ids, images)), batch_size=64, progress=False)
+
+
+def identity_check(generator: IdentityGenerator, analyser: FaceAnalyser, identity_ids: np.ndarray,
+                   condition_embeddings: np.ndarray, centroid_ids: np.ndarray, centroids: np.ndarray,
+                   seeds: list[int], steps: int, guidance: float) -> dict:
+    """Is this a real identity generator? One sample per condition: ISM to the own centroid and
+    nearest-centroid accuracy over all centroids (the protocol of the evaluation stage)."""
+    noise = initial_noise(generator.latent_shape, seeds)
+    with torch.no_grad():
+        images = generator.generate(torch.as_tensor(condition_embeddings, dtype=torch.float32), noise, steps, guidance)
+    rows = read_samples(analyser, to_uint8_images(images), [str(i) for i in range(len(images))])
+    detected = (rows["status"] == "ok").to_numpy()
+    emb = np.stack([e if d else np.zeros(centroids.shape[1]) for e, d in zip(rows["embedding"], detected)])
+    own = centroids[pd.Index(centroid_ids).get_indexer(identity_ids)]
+    pred = nearest_centroid(emb, centroid_ids, centroids, detected)
+    return {"ism": float(identity_similarity(emb, own, detected).mean()), "accuracy": accuracy(pred, identity_ids),
+            "detection_rate": float(detected.mean())}

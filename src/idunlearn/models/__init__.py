@@ -1,0 +1,1 @@
+"""Identity-conditioned generators (Arc2Face and the mini Arc2Face) behind one interface."""

@@ -1,0 +1,41 @@
+"""The PIU step benchmark on the tiny preset (CPU, seconds): sane numbers and a complete JSON record.
+
+No timing assertions: the numbers depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from idunlearn.bench_cli import main
+from idunlearn.benchmarks import benchmark_piu
+from idunlearn.models.arc2face import tiny_arc2face
+
+
+def test_tiny_preset_through_the_cli_writes_a_sane_record(tmp_path):
+    output = main(["--preset", "tiny", "--steps", "2", "--device", "cpu", "--output", str(tmp_path / "piu.json")])
+    result = json.loads(output.read_text())
+    assert result["preset"] == "tiny" and result["timed_steps"] == len(result["seconds_per_step_all"]) == 2
+    assert result["seconds_per_step"] > 0
+    assert result["projected_seconds_per_identity"] == pytest.approx(result["seconds_per_step"] * 400)
+    assert result["flops_per_step"] > 0 and result["achieved_tflops"] > 0
+    assert result["peak_memory_bytes"] > 0
+    assert 0 < result["trainable_parameters"] < result["unet_parameters"]
+    assert {"torch", "device_name", "cpu_count"} <= set(result["machine"]) and result["machine"]["device"] == "cpu"
+    assert result["date"] and result["command"] and result["arguments"]["preset"] == "tiny"
+
+
+def test_bf16_autocast_keeps_fp32_master_weights_and_counts_the_same_flops():
+    fp32 = benchmark_piu(tiny_arc2face(), 1, 2, 2, device="cpu", dtype="fp32", warmup=0)
+    generator = tiny_arc2face()
+    bf16 = benchmark_piu(generator, 1, 2, 2, device="cpu", dtype="bf16", warmup=0)
+    assert bf16["seconds_per_step"] > 0 and bf16["flops_per_step"] == fp32["flops_per_step"] > 0
+    assert all(p.dtype == torch.float32 for p in generator.unet.parameters())
+
+
+def test_unknown_dtype_is_rejected():
+    with pytest.raises(ValueError, match="bf16"):
+        benchmark_piu(tiny_arc2face(), 1, 1, 1, device="cpu", dtype="fp16")

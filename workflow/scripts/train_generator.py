@@ -1,0 +1,19 @@
+import os
+
+import pandas as pd
+import torch
+
+from idunlearn.faces import build_face_analyser
+from idunlearn.io import write_parquet
+from idunlearn.models.mini import DEFAULT_ARCHITECTURE
+from idunlearn.models.pretrain import train_mini_generator
+from idunlearn.runlog import stage_log
+
+with stage_log(snakemake.log[0], "train_generator"):
+    torch.set_num_threads(snakemake.threads)
+    p, i = snakemake.params, snakemake.input
+    history = train_mini_generator(
+        pd.read_parquet(i.manifest), pd.read_parquet(i.faces), pd.read_parquet(i.labels),
+        pd.read_parquet(i.centroids), {**DEFAULT_ARCHITECTURE, **p.mini["architecture"]}, p.mini["training"],
+        os.path.dirname(snakemake.output.model), p.state, analyser=build_face_analyser(p.faces, i.models))
+    write_parquet(pd.DataFrame(history), snakemake.output.history)
