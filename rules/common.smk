@@ -12,7 +12,7 @@ validate_config(config)
 
 wildcard_constraints:
     identity=r"\d+",
-    run=r"(?!original$)[A-Za-z0-9_.-]+",
+    run=r"[A-Za-z0-9_.-]+",
 
 DATA = config["data_dir"]
 RESULTS = config["results_dir"]

@@ -11,9 +11,9 @@ rule evaluate_original:
         generator=generator_files(),
         models=face_models_dir(),
     output:
-        samples=results("evaluation", "original", "{identity}", "samples.parquet"),
-        metrics=results("evaluation", "original", "{identity}", "metrics.json"),
-        images=results("evaluation", "original", "{identity}", "images.npz"),
+        samples=results("evaluation", "before", "{identity}", "samples.parquet"),
+        metrics=results("evaluation", "before", "{identity}", "metrics.json"),
+        images=results("evaluation", "before", "{identity}", "images.npz"),
     params:
         evaluation=config["evaluation"],
         generator=config["generator"],
@@ -25,7 +25,7 @@ rule evaluate_original:
         gpu=1,
         mem_mb=8000,
     log:
-        logs("evaluate/original/{identity}"),
+        logs("evaluate/before/{identity}"),
     conda:
         "../environment.yml"
     script:
@@ -43,8 +43,8 @@ use rule evaluate_original as evaluate_unlearned with:
         generator=generator_files(),
         models=face_models_dir(),
     output:
-        samples=results("evaluation", "{run}", "{identity}", "samples.parquet"),
-        metrics=results("evaluation", "{run}", "{identity}", "metrics.json"),
-        images=results("evaluation", "{run}", "{identity}", "images.npz"),
+        samples=results("evaluation", "after", "{run}", "{identity}", "samples.parquet"),
+        metrics=results("evaluation", "after", "{run}", "{identity}", "metrics.json"),
+        images=results("evaluation", "after", "{run}", "{identity}", "images.npz"),
     log:
-        logs("evaluate/{run}/{identity}"),
+        logs("evaluate/after/{run}/{identity}"),
