@@ -9,6 +9,8 @@ import pandas as pd
 from sklearn.cluster import DBSCAN
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
+from .faces.analyser import embedding_matrix
+
 
 def l2_normalise(x: np.ndarray, axis: int = -1) -> np.ndarray:
     norm = np.linalg.norm(x, axis=axis, keepdims=True)
@@ -127,7 +129,7 @@ class IdentityStage:
 def run_identity_stage(embeddings: pd.DataFrame, manifest: pd.DataFrame, cfg: dict) -> IdentityStage:
     """Cluster the ok embeddings of the face table; rows with non-finite embeddings are dropped and counted."""
     ok = embeddings[embeddings["status"] == "ok"]
-    matrix = np.stack(ok["embedding"].to_numpy()).astype(np.float64) if len(ok) else np.zeros((0, 1))
+    matrix = embedding_matrix(embeddings).astype(np.float64)
     finite = np.all(np.isfinite(matrix), axis=1) & (np.linalg.norm(matrix, axis=1) > 0)
     ok, matrix = ok[finite], matrix[finite]
     labels = cluster_identities(matrix, cfg["eps"], cfg["min_samples"])

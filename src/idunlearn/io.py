@@ -54,11 +54,6 @@ def write_json(obj: Any, path: str | os.PathLike) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
-def write_text(text: str, path: str | os.PathLike) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
-
-
 def save_figure(fig, path: str | os.PathLike, **kwargs) -> None:
     """Save a matplotlib figure atomically; the format comes from ``path``'s suffix."""
     path = Path(path)
