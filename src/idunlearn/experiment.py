@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from .faces.analyser import FaceAnalyser, aligned_crops
+from .faces.analyser import FaceAnalyser, aligned_crops, ok_embeddings
 from .identities import centroid_matrix
 from .models.generator import IdentityGenerator
 from .unlearning.base import UnlearningData
@@ -26,11 +26,6 @@ def load_generator(cfg: dict, device: str = "cpu") -> IdentityGenerator:
 
         return load_arc2face(device=device)
     raise ValueError(f"generator.backend {cfg['backend']!r} is unknown: use 'mini' or 'arc2face'")
-
-
-def ok_embeddings(faces: pd.DataFrame) -> pd.Series:
-    """image_id -> embedding of the images whose faces were embedded."""
-    return faces[faces["status"] == "ok"].set_index("image_id")["embedding"]
 
 
 def unlearning_data(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame,

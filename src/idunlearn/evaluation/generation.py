@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..faces.analyser import FaceAnalyser
+from ..faces.analyser import FaceAnalyser, read_embeddings
 from ..models.generator import IdentityGenerator, initial_noise
 from .identity import accuracy, identity_similarity, nearest_centroid
 
@@ -34,8 +34,7 @@ def identity_check(generator: IdentityGenerator, analyser: FaceAnalyser, identit
     with torch.no_grad():
         images = generator.generate(torch.as_tensor(condition_embeddings, dtype=torch.float32), noise, steps, guidance)
     rows = read_samples(analyser, to_uint8_images(images), [str(i) for i in range(len(images))])
-    detected = (rows["status"] == "ok").to_numpy()
-    emb = np.stack([e if d else np.zeros(centroids.shape[1]) for e, d in zip(rows["embedding"], detected)])
+    emb, detected = read_embeddings(rows, centroids.shape[1])
     own = centroids[pd.Index(centroid_ids).get_indexer(identity_ids)]
     pred = nearest_centroid(emb, centroid_ids, centroids, detected)
     return {"ism": float(identity_similarity(emb, own, detected).mean()), "accuracy": accuracy(pred, identity_ids),

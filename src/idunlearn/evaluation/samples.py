@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..faces.analyser import FaceAnalyser
+from ..faces.analyser import FaceAnalyser, ok_embeddings, read_embeddings
 from ..identities import centroid_matrix
 from ..models.generator import IdentityGenerator, initial_noise
 from ..unlearning.conditions import dirichlet_mixtures
@@ -31,7 +31,7 @@ def evaluation_set(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame, n
                    seed: int) -> EvaluationSet:
     """Forget samples: Dirichlet mixtures of forget-validation embeddings; retain samples: retain-validation
     image embeddings, cycling over the retain-validation identities."""
-    emb = faces[faces["status"] == "ok"].set_index("image_id")["embedding"]
+    emb = ok_embeddings(faces)
     rng = np.random.default_rng([seed, selection["forget_identity"]])
     forget_val = np.stack(emb.loc[selection["forget_val_images"]].to_numpy())
     forget = dirichlet_mixtures(forget_val, n_forget, rng)
@@ -62,10 +62,8 @@ def score_samples(samples: pd.DataFrame, images: np.ndarray, analyser: FaceAnaly
     """Per-sample rows: detected, detection score, embedding, cosine to own centroid and to the anchor's,
     nearest-centroid prediction over all identities."""
     read = read_samples(analyser, images, samples["sample_id"].tolist())
-    detected = (read["status"] == "ok").to_numpy()
     ids, cents = centroids["identity"].to_numpy(), centroid_matrix(centroids)
-    dim = cents.shape[1]
-    emb = np.stack([np.asarray(e, np.float64) if d else np.zeros(dim) for e, d in zip(read["embedding"], detected)])
+    emb, detected = read_embeddings(read, cents.shape[1])
     own = cents[pd.Index(ids).get_indexer(samples["target_identity"])]
     anchor = np.repeat(cents[pd.Index(ids).get_indexer([anchor_identity])], len(samples), axis=0)
     out = samples.copy()

@@ -158,6 +158,18 @@ def records_to_frame(rows: list[dict], dim: int) -> pd.DataFrame:
     return frame
 
 
+def ok_embeddings(frame: pd.DataFrame) -> pd.Series:
+    """image_id -> embedding of the rows whose faces were embedded."""
+    return frame[frame["status"] == FaceStatus.OK.value].set_index("image_id")["embedding"]
+
+
+def read_embeddings(frame: pd.DataFrame, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, dim) embeddings of an analysed table, zeros where no face was found, and the detected mask."""
+    detected = (frame["status"] == FaceStatus.OK.value).to_numpy()
+    emb = np.stack([np.asarray(e, np.float64) if d else np.zeros(dim) for e, d in zip(frame["embedding"], detected)])
+    return emb, detected
+
+
 def embedding_matrix(frame: pd.DataFrame) -> np.ndarray:
     """Stack the ``embedding`` column of the ok rows into an (N, D) float32 array."""
     ok = frame[frame["status"] == FaceStatus.OK.value]
