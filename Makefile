@@ -35,3 +35,10 @@ lint: setup
 
 report: setup
 	$(BIN)/snakemake --report $(REPORT) --configfile $(CONFIG)
+
+# Opt-in, not part of `make test`: a throwaway single-node SLURM (Debian bookworm packages unpacked into a temporary
+# folder, private ports, no accounting) runs the reduced offline pipeline through profiles/slurm, then is stopped.
+# Needs root (slurmd) and, on the first run only, apt-get (the .debs are cached in data/assets/slurm/).
+# Logs: results/slurm-test/.
+slurm-test: assets
+	$(BIN)/python -m pytest -m slurm -v tests/integration/test_slurm_cluster.py

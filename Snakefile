@@ -19,6 +19,7 @@ include: "rules/layer_analysis.smk"
 include: "rules/unlearning.smk"
 include: "rules/evaluation.smk"
 include: "rules/aggregate.smk"
+include: "rules/study.smk"
 
 
 rule all:

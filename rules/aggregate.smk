@@ -42,3 +42,24 @@ rule sample_grids:
         "../environment.yml"
     script:
         "../workflow/scripts/sample_grids.py"
+
+
+rule pareto:
+    input:
+        metrics=rules.aggregate.output.metrics,
+        losses=lambda wc: [results("unlearning", run, str(identity), "losses.parquet")
+                           for points in controllable_points().values() for _, run in points
+                           for identity in forget_identities()],
+    output:
+        table=report(results("tables", "pareto.csv"), category="Controllable unlearning"),
+        parquet=results("tables", "pareto.parquet"),
+        summary=report(results("tables", "pareto_summary.csv"), category="Controllable unlearning"),
+        figure=report(results("figures", "pareto.png"), category="Controllable unlearning"),
+    params:
+        points=controllable_points(),
+    log:
+        logs("pareto"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/pareto.py"

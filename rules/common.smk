@@ -4,7 +4,7 @@ import os
 
 import pandas as pd
 
-from idunlearn.config import run_config, validate_config
+from idunlearn.config import controllable_runs, epsilon_boundary_runs, run_config, validate_config
 
 # Validates the config against the package's JSON schema and fills in defaults; errors name the bad key.
 validate_config(config)
@@ -39,6 +39,12 @@ def generator_files():
     return [os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")]
 
 
+def quality_model():
+    """The eDifFIQA ONNX file when configured (its change re-evaluates); none for the offline proxy."""
+    path = config["evaluation"]["quality"]["ediffiqa_onnx"]
+    return [path] if path else []
+
+
 def image_dir():
     return os.path.join(DATA, "images", config["dataset"]["source"])
 
@@ -67,11 +73,24 @@ def get_final_outputs(wildcards):
         *expand(results("selection", "sheets", "{identity}.png"), identity=identities),
         *expand(results("figures", "{run}", "{identity}_{kind}.png"), run=run_names(), identity=identities,
                 kind=["forget", "retain"]),
+        *([results("tables", "study", "claims.md")] if config["study"] else []),
+        *([results("figures", "pareto.png")] if config["unlearning"]["controllable"] else []),
     ]
 
 
 def run_names():
     return list(config["unlearning"]["runs"])
+
+
+def epsilon_boundary_losses(wildcards):
+    """A Phase II (controllable) run's epsilon comes from the same identity's two Phase I runs."""
+    return [results("unlearning", run, wildcards.identity, "losses.parquet")
+            for run in epsilon_boundary_runs(config, wildcards.run)]
+
+
+def controllable_points():
+    """Base run -> [(point, run name)] in order of decreasing completeness."""
+    return {base: [(point, name) for point, name, _ in points] for base, points in controllable_runs(config).items()}
 
 
 def run_outputs(kind):

@@ -10,6 +10,7 @@ rule evaluate_original:
         centroids=rules.cluster_identities.output.centroids,
         generator=generator_files(),
         models=face_models_dir(),
+        quality=quality_model(),
     output:
         samples=results("evaluation", "before", "{identity}", "samples.parquet"),
         metrics=results("evaluation", "before", "{identity}", "metrics.json"),
@@ -35,6 +36,7 @@ rule evaluate_original:
 use rule evaluate_original as evaluate_unlearned with:
     input:
         changed=rules.unlearn.output.changed,
+        timings=rules.unlearn.output.timings,
         selection=selection_file,
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
@@ -42,6 +44,7 @@ use rule evaluate_original as evaluate_unlearned with:
         centroids=rules.cluster_identities.output.centroids,
         generator=generator_files(),
         models=face_models_dir(),
+        quality=quality_model(),
     output:
         samples=results("evaluation", "after", "{run}", "{identity}", "samples.parquet"),
         metrics=results("evaluation", "after", "{run}", "{identity}", "metrics.json"),

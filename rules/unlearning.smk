@@ -4,10 +4,13 @@
 rule unlearn:
     input:
         selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
         labels=rules.cluster_identities.output.labels,
         centroids=rules.cluster_identities.output.centroids,
         generator=generator_files(),
+        models=face_models_dir(),
+        boundaries=epsilon_boundary_losses,
     output:
         changed=results("unlearning", "{run}", "{identity}", "changed_parameters.safetensors"),
         losses=results("unlearning", "{run}", "{identity}", "losses.parquet"),
@@ -15,6 +18,7 @@ rule unlearn:
     params:
         run=lambda wc: run_config(config, wc.run),
         generator=config["generator"],
+        faces=config["faces"],
         device=config["unlearning"]["device"],
         seed=config["seed"],
         state=lambda wc: results("unlearning", wc.run, wc.identity, "resume_state.pt"),

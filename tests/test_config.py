@@ -1,6 +1,6 @@
 import pytest
 
-from idunlearn.config import ConfigError, config_hash, load_config, validate_config
+from idunlearn.config import ConfigError, config_hash, load_config, run_config, sweep_runs, validate_config
 
 from conftest import REPO
 
@@ -38,3 +38,25 @@ def test_out_of_range_fraction_names_the_key():
 def test_config_hash_ignores_key_order():
     assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
     assert config_hash({"a": 1}) != config_hash({"a": 2})
+
+
+def test_sweeps_expand_into_runs_and_reuse_the_base_point():
+    cfg = validate_config({"unlearning": {"runs": {"piu": {"steps": 7}}, "sweeps": {
+        "lambda": {"run": "piu", "key": "lambda", "values": [0, 10, 20]},
+        "tau": {"run": "piu", "key": "anchor_tau", "values": [0.1, 0.2]}}}})
+    runs = cfg["unlearning"]["runs"]
+    assert sorted(runs) == ["piu", "piu.anchor_tau_0.1", "piu.lambda_0", "piu.lambda_20"]
+    assert run_config(cfg, "piu.lambda_20")["lambda"] == 20 and run_config(cfg, "piu.lambda_20")["steps"] == 7
+    points = sweep_runs(cfg)
+    assert [name for _, name, _, _ in points["lambda"]] == ["piu.lambda_0", "piu", "piu.lambda_20"]  # 10 = default
+    assert [name for _, name, _, _ in points["tau"]] == ["piu.anchor_tau_0.1", "piu"]  # 0.2 = selection tau
+    assert validate_config(cfg)["unlearning"]["runs"] == runs  # validating twice changes nothing
+
+
+def test_bad_sweeps_name_the_key():
+    with pytest.raises(ConfigError, match="unlearning.sweeps.x.key"):
+        validate_config({"unlearning": {"sweeps": {"x": {"run": "piu", "key": "lamda", "values": [1]}}}})
+    with pytest.raises(ConfigError, match="unlearning.sweeps.x.run"):
+        validate_config({"unlearning": {"sweeps": {"x": {"run": "nope", "key": "lambda", "values": [1]}}}})
+    with pytest.raises(ConfigError, match="lambda"):
+        validate_config({"unlearning": {"sweeps": {"x": {"run": "piu", "key": "lambda", "values": ["big"]}}}})

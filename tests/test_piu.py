@@ -7,13 +7,12 @@ import torch
 from idunlearn.models.layers import trainable_parameter_names
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.unlearning import build_method
-from idunlearn.unlearning.base import UnlearningData
 from idunlearn.unlearning.conditions import dirichlet_mixtures
 from idunlearn.unlearning.piu import negative_guidance_target
 from idunlearn.unlearning.runner import apply_changed_parameters, save_changed_parameters, unlearn
 
-TINY = {"image_size": 8, "text_width": 32, "text_heads": 2, "block_out_channels": [32, 32, 32, 32],
-        "layers_per_block": 1}
+from tiny_world import TINY, tiny_data
+
 RUN = {"method": "piu", "optimiser": "weighted_sum", "regime": "surgical",
        "surgical_blocks": ["down_blocks.2.", "mid_block.", "up_blocks.1.", "up_blocks.2."], "steps": 4,
        "checkpoint_every": 2, "eta": 1.0, "lambda": 10.0, "preserve": True, "forget_batch": 2, "retain_batch": 2,
@@ -21,11 +20,6 @@ RUN = {"method": "piu", "optimiser": "weighted_sum", "regime": "surgical",
        "weight_decay": 0.01}
 
 
-def _data(dim=16, seed=0):
-    rng = np.random.default_rng(seed)
-    unit = lambda x: (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)  # noqa: E731
-    return UnlearningData(unit(rng.standard_normal((5, dim))), unit(rng.standard_normal((12, dim))),
-                          unit(rng.standard_normal(dim)))
 
 
 def test_negative_guidance_target_is_eq1():
@@ -46,7 +40,7 @@ def test_piu_losses_match_the_equations_on_a_fixed_batch():
     torch.manual_seed(0)
     gen = build_mini_generator(TINY)
     teacher = copy.deepcopy(gen.unet)
-    data = _data()
+    data = tiny_data()
     method = build_method("piu", RUN)
     rng, tgen = np.random.default_rng(3), torch.Generator().manual_seed(3)
     obj = method.objectives(gen, teacher, data, rng, tgen)
@@ -68,7 +62,7 @@ def test_piu_losses_match_the_equations_on_a_fixed_batch():
 def test_unlearning_changes_only_the_surgical_layers_and_resumes_exactly(tmp_path):
     torch.manual_seed(0)
     base = build_mini_generator(TINY)
-    data = _data()
+    data = tiny_data()
     straight = copy.deepcopy(base)
     log_full, timings = unlearn(straight, build_method("piu", RUN), data, RUN, tmp_path / "a.pt", seed=5)
     assert log_full["step"].tolist() == [1, 2, 3, 4] and timings["trainable_parameters"] > 0
@@ -93,7 +87,7 @@ def test_unlearning_changes_only_the_surgical_layers_and_resumes_exactly(tmp_pat
 
 def test_non_finite_loss_stops_the_run(tmp_path):
     gen = build_mini_generator(TINY)
-    data = _data()
+    data = tiny_data()
     data.forget_train[:] = np.nan
     with pytest.raises(FloatingPointError, match="non-finite loss"):
         unlearn(gen, build_method("piu", RUN), data, RUN, tmp_path / "s.pt", seed=0)

@@ -7,7 +7,8 @@ import pytest
 from idunlearn.config import validate_config
 from idunlearn.identities import identity_centroids
 from idunlearn.selection import (
-    forget_identity_order, retain_identity_split, select_anchor, select_experiments, selections_table, split_count,
+    anchor_for_tau, forget_identity_order, retain_identity_split, select_anchor, select_experiments, selections_table,
+    split_count,
 )
 
 
@@ -106,3 +107,14 @@ def test_retain_split_is_seeded():
     a = retain_identity_split(np.arange(40), 0.9, seed=5)
     b = retain_identity_split(np.arange(40), 0.9, seed=5)
     assert [x.tolist() for x in a] == [x.tolist() for x in b] and len(a[0]) == 36 and len(a[1]) == 4
+
+
+def test_anchor_for_tau_reproduces_the_selection_and_moves_with_tau():
+    labels, cents = _world()
+    cfg = _cfg(n_forget=3, anchor={"tau": 0.2, "tol": 0.05})
+    for s in select_experiments(labels, cents, cfg, seed=7):
+        same = anchor_for_tau(s.to_dict(), cents, 0.2)
+        assert same["anchor_identity"] == s.anchor_identity and same["anchor_cosine"] == s.anchor_cosine
+        far = anchor_for_tau(s.to_dict(), cents, -0.5)  # a far-away target cosine picks a farther anchor
+        assert far["tau"] == -0.5 and far["anchor_cosine"] <= same["anchor_cosine"]
+        assert far["anchor_identity"] in s.retain_train_identities

@@ -1,4 +1,5 @@
-"""Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `python -m idunlearn benchmark-piu ...`."""
+"""Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `... benchmark-piu ...`,
+`... benchmark-optimisers ...`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 import os
 
 from .assets import PackageAsset, fetch_package
-from .bench_cli import HELP as BENCHMARK_HELP, add_benchmark_arguments, run_benchmark
+from .bench_cli import (HELP as BENCHMARK_HELP, OPTIMISER_HELP, add_benchmark_arguments,
+                        add_optimiser_benchmark_arguments, run_benchmark, run_optimiser_benchmark)
 from .config import load_config
 
 
@@ -30,11 +32,14 @@ def main(argv=None) -> None:
     fetch = sub.add_parser("fetch-assets", help=fetch_assets.__doc__)
     fetch.add_argument("--configfile", default="config/config.yaml")
     add_benchmark_arguments(sub.add_parser("benchmark-piu", help=BENCHMARK_HELP))
+    add_optimiser_benchmark_arguments(sub.add_parser("benchmark-optimisers", help=OPTIMISER_HELP))
     args = parser.parse_args(argv)
     if args.command == "fetch-assets":
         fetch_assets(args.configfile)
     elif args.command == "benchmark-piu":
         run_benchmark(args)
+    elif args.command == "benchmark-optimisers":
+        run_optimiser_benchmark(args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Command line of the PIU step benchmark, independent of the workflow and its config.
+"""Command lines of the PIU step benchmark and the optimiser comparison, independent of the workflow and its config.
 
-`python -m idunlearn.bench_cli --preset paper --device cuda --dtype bf16` (or, once wired into __main__,
-`python -m idunlearn benchmark-piu ...`) writes results/benchmarks/piu_<preset>_<device>_<dtype>_<time>.json.
+`python -m idunlearn.bench_cli --preset paper --device cuda --dtype bf16` (or `python -m idunlearn benchmark-piu ...`)
+writes results/benchmarks/piu_<preset>_<device>_<dtype>_<time>.json.
+`python -m idunlearn benchmark-optimisers --preset tiny --steps 5` writes
+results/benchmarks/optimisers_<preset>_<device>_<dtype>_<time>.json and prints one line per optimiser.
 """
 
 from __future__ import annotations
@@ -57,6 +59,64 @@ def run_benchmark(args: argparse.Namespace) -> Path:
     print(f"{args.preset} on {result['machine']['device_name']}: {result['seconds_per_step']:.3f} s/step, "
           f"{result['projected_seconds_per_identity'] / 60:.1f} min per identity ({result['projected_steps']} steps), "
           f"{result['achieved_tflops']:.2f} TFLOP/s, peak {result['peak_memory_bytes'] / 2**30:.2f} GiB -> {output}")
+    return output
+
+
+OPTIMISER_HELP = ("Compare the optimisers (weighted sum, EUPMU, EUPMU-fast, explicit surgery, epsilon-constrained) on "
+                  "the same PIU steps in one process: seconds per step, backward passes, peak memory; writes JSON.")
+
+
+def add_optimiser_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--preset", choices=("paper", "tiny"), default="tiny",
+                        help="paper: real-size UNet, batch 32+32; tiny: CPU-sized model, batch 4+4")
+    parser.add_argument("--optimisers", nargs="+", default=None,
+                        help="optimiser names (default: weighted_sum eupmu eupmu_fast unilateral_surgery "
+                             "epsilon_constrained)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per optimiser (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per optimiser first")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: autocast forwards, fp32 master weights")
+    parser.add_argument("--regime", choices=("surgical", "all_cross_attention", "full"), default="surgical")
+    parser.add_argument("--forget-batch", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--retain-batch", type=int, default=None, help="default: the preset's")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON path (default results/benchmarks/optimisers_<preset>_<device>_<dtype>_<time>.json)")
+    return parser
+
+
+def run_optimiser_benchmark(args: argparse.Namespace) -> Path:
+    import torch
+
+    from .benchmarks import OPTIMISER_COMPARISON, benchmark_optimisers_preset
+    from .io import write_json
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    optimisers = tuple(args.optimisers or OPTIMISER_COMPARISON)
+    result = benchmark_optimisers_preset(args.preset, args.steps, device, args.dtype, optimisers,
+                                         warmup=args.warmup, forget_batch=args.forget_batch,
+                                         retain_batch=args.retain_batch, regime=args.regime, seed=args.seed)
+    result["command"] = shlex.join(sys.orig_argv)
+    result["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    output = args.output or Path("results/benchmarks") / (
+        f"optimisers_{args.preset}_{torch.device(device).type}_{args.dtype}_{stamp}.json")
+    write_json(result, output)
+    print(f"{args.preset} on {result['machine']['device_name']}, {result['timed_steps']} timed steps each; "
+          f"memory: {result['memory_source']}")
+    for name, row in result["optimisers"].items():
+        ratio = (f"{row['time_vs_weighted_sum']:.2f}x time, {row['flops_vs_weighted_sum']:.2f}x FLOPs of weighted_sum"
+                 if "time_vs_weighted_sum" in row else "")
+        peak = "n/a" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / 2**20:.0f} MiB"
+        rise = "n/a" if row["step_memory_rise_bytes"] is None else f"{row['step_memory_rise_bytes'] / 2**20:.0f} MiB"
+        print(f"  {name:20s} {row['seconds_per_step']:.3f} s/step ({ratio})  backward "
+              f"{row['backward_passes_per_step']:g}  extra forward {row['extra_forward_passes_per_step']:g}  "
+              f"peak {peak} (step rise {rise})")
+    print(f"-> {output}")
     return output
 
 

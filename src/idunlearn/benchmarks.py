@@ -2,6 +2,8 @@
 
 The measured step is the project's own: PIU's objectives (unlearning/piu.py) and the weighted-sum AdamW update
 (unlearning/optimisers.py), on the trainable set of a regime (models/layers.py), as runner.unlearn runs them.
+``benchmark_optimisers`` compares the optimisers (weighted sum, EUPMU, EUPMU-fast, explicit surgery,
+epsilon-constrained) on the same PIU steps: seconds per step, backward passes per step and peak memory.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .models.generator import IdentityGenerator
 from .models.layers import select_trainable
 from .unlearning import build_method
 from .unlearning.base import UnlearningData
-from .unlearning.optimisers import build_optimiser
+from .unlearning.optimisers import OPTIMISERS, build_optimiser
 
 DTYPES = ("fp32", "bf16")
 
@@ -180,11 +182,169 @@ def benchmark_preset(preset: str, steps: int, device: str | torch.device = "cuda
                      retain_batch: int | None = None, regime: str = "surgical", projected_steps: int | None = None,
                      seed: int = 0) -> dict:
     """Build a preset's random-weight generator and benchmark it; the preset's batches unless given."""
-    try:
-        spec = PRESETS[preset]
-    except KeyError:
-        raise ValueError(f"benchmark preset {preset!r} is unknown: use one of {', '.join(PRESETS)}") from None
+    spec = _preset(preset)
     result = benchmark_piu(spec["build"](seed=seed), steps, forget_batch or spec["forget_batch"],
                            retain_batch or spec["retain_batch"], regime, device, dtype, compile, warmup=warmup,
                            projected_steps=projected_steps or spec["projected_steps"], seed=seed)
+    return {"preset": preset, **result}
+
+
+def _preset(preset: str) -> dict:
+    try:
+        return PRESETS[preset]
+    except KeyError:
+        raise ValueError(f"benchmark preset {preset!r} is unknown: use one of {', '.join(PRESETS)}") from None
+
+
+# the issue's comparison: PIU's weighted sum, EUPMU, EUPMU-fast, explicit surgery and epsilon-constrained
+OPTIMISER_COMPARISON = ("weighted_sum", "eupmu", "eupmu_fast", "unilateral_surgery", "epsilon_constrained")
+
+
+class _MemoryProbe:
+    """Peak memory of one step: CUDA allocator statistics, or on Linux the process's peak RSS reset per step."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            self.source = "torch.cuda.max_memory_allocated per step"
+        elif os.path.exists("/proc/self/clear_refs"):
+            self.source = "peak RSS per step (VmHWM reset through /proc/self/clear_refs); approximate"
+        else:
+            self.source = "unavailable"
+
+    def start(self) -> int | None:
+        """Reset the peak; return the memory in use now."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return torch.cuda.memory_allocated(self.device)
+        if self.source == "unavailable":
+            return None
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets VmHWM to the current RSS
+        return self._status("VmRSS")
+
+    def peak(self) -> int | None:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return None if self.source == "unavailable" else self._status("VmHWM")
+
+    @staticmethod
+    def _status(field: str) -> int:
+        with open("/proc/self/status") as handle:
+            line = next(line for line in handle if line.startswith(field + ":"))
+        return int(line.split()[1]) * 1024  # kB
+
+
+def benchmark_optimisers(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int,
+                         optimisers: tuple[str, ...] = OPTIMISER_COMPARISON, regime: str = "surgical",
+                         device: str | torch.device = "cuda", dtype: str = "fp32", *, warmup: int = 1,
+                         settings: dict | None = None, seed: int = 0) -> dict:
+    """Cost per step of each optimiser on the same model, batches and steps, in one process.
+
+    Every optimiser starts from ``generator``'s weights and draws the same batches (its own random streams from
+    ``seed``); the optimisers take turns step by step, each round starting with the next one, so that changing load
+    on the machine hits them alike. Between turns each optimiser's trainable weights wait in a copy; swapping them
+    and clearing gradients is not timed. Each optimiser's first step is untimed and counts FLOPs (FlopCounterMode
+    with explicit attention, as ``benchmark_piu``): a load-independent measure of the extra work. The generator's
+    weights are restored at the end. Reported per optimiser: median seconds per step, FLOPs per step and their
+    ratios to ``weighted_sum``, backward and extra forward passes per step (as the optimiser counts them), the peak
+    memory of a step and its rise over the memory in use before the step.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is unknown: use one of {', '.join(DTYPES)}")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+    unknown = [name for name in optimisers if name not in OPTIMISERS]
+    if unknown or not optimisers:
+        raise ValueError(f"optimisers {unknown} are unknown: use some of {', '.join(OPTIMISERS)}")
+    device = torch.device(device)
+    cfg = {**default_run_settings(), **(settings or {}), "regime": regime, "forget_batch": forget_batch,
+           "retain_batch": retain_batch}
+    generator.to(device)
+    data = random_unlearning_data(n_forget=10, n_retain=200, seed=seed)
+    generator.requires_grad_(False)
+    teacher = copy.deepcopy(generator.unet).eval()
+    params = list(select_trainable(generator.unet, regime, cfg["surgical_blocks"]).values())
+    initial = [p.detach().clone() for p in params]
+    method = build_method(cfg["method"], cfg)
+    autocast = partial(torch.autocast, device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext
+    runs = {name: {"optimiser": build_optimiser(params, {**cfg, "optimiser": name}),
+                   "weights": [w.clone() for w in initial], "rng": np.random.default_rng(seed),
+                   "gen": torch.Generator().manual_seed(seed), "rows": [], "seconds": [], "peak": [], "rise": []}
+            for name in optimisers}
+    probe = _MemoryProbe(device)
+    generator.unet.train()
+    for turn in range(1 + warmup + steps):  # turn 0 counts FLOPs (explicit attention), then warmup, then timed
+        counting = turn == 0
+        for name in optimisers[turn % len(optimisers):] + optimisers[:turn % len(optimisers)]:
+            run = runs[name]
+            with torch.no_grad():
+                for param, weight in zip(params, run["weights"]):
+                    param.copy_(weight)
+                    param.grad = None
+            flops = FlopCounterMode(display=False) if counting else contextlib.nullcontext()
+            attention = _plain_attention(generator.unet, teacher) if counting else contextlib.nullcontext()
+            _synchronize(device)
+            before = probe.start()
+            tick = time.perf_counter()
+            with attention, flops:
+                with autocast():
+                    objectives = method.objectives(generator, teacher, data, run["rng"], run["gen"])
+                row = run["optimiser"].step(objectives)
+                del objectives
+            _synchronize(device)
+            seconds, peak = time.perf_counter() - tick, probe.peak()
+            with torch.no_grad():
+                for weight, param in zip(run["weights"], params):
+                    weight.copy_(param)
+            run["rows"].append(row)
+            if counting:
+                run["flops"] = flops.get_total_flops()
+            elif turn > warmup:
+                run["seconds"].append(seconds)
+                run["peak"].append(peak)
+                run["rise"].append(None if peak is None else peak - before)
+    with torch.no_grad():
+        for param, weight in zip(params, initial):
+            param.copy_(weight)
+            param.grad = None
+    generator.unet.eval()
+
+    results = {}
+    for name, run in runs.items():
+        timed = run["rows"][1 + warmup:]
+        results[name] = {
+            "seconds_per_step": statistics.median(run["seconds"]), "seconds_per_step_all": run["seconds"],
+            "flops_per_step": int(run["flops"]),
+            "backward_passes_per_step": statistics.mean(r["backward_passes"] for r in timed),
+            "extra_forward_passes_per_step": statistics.mean(r.get("extra_forward_passes", 0) for r in timed),
+            "peak_memory_bytes": None if run["peak"][0] is None else max(run["peak"]),
+            "step_memory_rise_bytes": None if run["rise"][0] is None else max(run["rise"]),
+            # identical across optimisers: same weights and batch at the first step
+            "first_step_losses": {k: run["rows"][0][k] for k in ("forget_loss", "retain_loss")},
+            "last_row": run["rows"][-1]}
+    if "weighted_sum" in results:
+        reference = results["weighted_sum"]
+        for result in results.values():
+            result["time_vs_weighted_sum"] = result["seconds_per_step"] / reference["seconds_per_step"]
+            result["flops_vs_weighted_sum"] = result["flops_per_step"] / reference["flops_per_step"]
+    return {
+        "optimisers": results, "regime": regime, "forget_batch": forget_batch, "retain_batch": retain_batch,
+        "dtype": dtype, "warmup_steps": warmup, "timed_steps": steps, "memory_source": probe.source,
+        "unet_parameters": sum(p.numel() for p in generator.unet.parameters()),
+        "trainable_parameters": sum(p.numel() for p in params),
+        "settings": {k: v for k, v in cfg.items() if k == "method" or k.startswith(("eupmu_", "epsilon"))},
+        "machine": machine_info(device), "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def benchmark_optimisers_preset(preset: str, steps: int, device: str | torch.device = "cuda", dtype: str = "fp32",
+                                optimisers: tuple[str, ...] = OPTIMISER_COMPARISON, *, warmup: int = 1,
+                                forget_batch: int | None = None, retain_batch: int | None = None,
+                                regime: str = "surgical", seed: int = 0) -> dict:
+    """Build a preset's random-weight generator and compare the optimisers on it; the preset's batches unless given."""
+    spec = _preset(preset)
+    result = benchmark_optimisers(spec["build"](seed=seed), steps, forget_batch or spec["forget_batch"],
+                                  retain_batch or spec["retain_batch"], tuple(optimisers), regime, device, dtype,
+                                  warmup=warmup, seed=seed)
     return {"preset": preset, **result}

@@ -38,8 +38,7 @@ def _validator_with_defaults(schema: dict) -> jsonschema.protocols.Validator:
     return extended(schema)
 
 
-def validate_config(config: dict) -> dict:
-    """Validate ``config`` in place (defaults are added) and return it; raise ConfigError naming the bad key."""
+def _validate(config: dict) -> dict:
     validator = _validator_with_defaults(load_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
@@ -49,6 +48,72 @@ def validate_config(config: dict) -> dict:
             lines.append(f"config key '{key}': {err.message}")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines) + f"\n(schema: {SCHEMA_PATH})")
     return config
+
+
+def validate_config(config: dict) -> dict:
+    """Validate ``config`` in place (defaults are added, ablation sweeps expanded into ``unlearning.runs``) and
+    return it; raise ConfigError naming the bad key."""
+    _validate(config)
+    runs = config["unlearning"]["runs"]
+    for points in sweep_runs(config).values():
+        for value, name, key, base in points:
+            runs.setdefault(name, {**runs[base], key: value})
+    for points in controllable_runs(config).values():
+        for _, name, overrides in points:
+            runs.setdefault(name, overrides)
+    return _validate(config)
+
+
+EPSILON_BOUNDARIES = ("highest", "lowest")
+
+
+def controllable_runs(config: dict) -> dict[str, list[tuple[str, str, dict]]]:
+    """Controllable unlearning (epsilon-constrained paper, Section 4.3) of each configured base run: (point,
+    run name, run settings) in order of decreasing completeness: Phase I ``highest``, the Phase II fractions
+    (epsilon at that fraction of the range from the highest to the lowest boundary), Phase I ``lowest``."""
+    unlearning, out = config["unlearning"], {}
+    for base, spec in unlearning.get("controllable", {}).items():
+        if base not in unlearning["runs"]:
+            raise ConfigError(f"config key 'unlearning.controllable.{base}': {base!r} is not in unlearning.runs")
+        settings = {**unlearning["runs"][base], **spec.get("overrides", {}), "optimiser": "epsilon_constrained"}
+        points = [("highest", f"{base}.eps_highest", {**settings, "epsilon_phase": "highest"})]
+        points += [(str(f), f"{base}.eps_{f}", {**settings, "epsilon_phase": "controlled", "epsilon_fraction": f})
+                   for f in sorted(spec["fractions"])]
+        points.append(("lowest", f"{base}.eps_lowest", {**settings, "epsilon_phase": "lowest"}))
+        out[base] = points
+    return out
+
+
+def epsilon_boundary_runs(config: dict, name: str) -> list[str]:
+    """The two Phase I runs a Phase II run takes its epsilon range from (none for any other run)."""
+    if run_config(config, name).get("epsilon_fraction") is None:
+        return []
+    base = name.rsplit(".eps_", 1)[0]
+    boundaries = [f"{base}.eps_{b}" for b in EPSILON_BOUNDARIES]
+    missing = [b for b in boundaries if b not in config["unlearning"]["runs"]]
+    if missing:
+        raise ConfigError(f"config key 'unlearning.runs.{name}.epsilon_fraction': needs the Phase I runs {missing}; "
+                          "declare the run through unlearning.controllable instead")
+    return boundaries
+
+
+def sweep_runs(config: dict) -> dict[str, list[tuple[Any, str, str, str]]]:
+    """Each ablation sweep's points (value, run name, key, base run). A point equal to its base run's setting is
+    the base run itself (no duplicate job); the others are named ``<base>.<key>_<value>``."""
+    unlearning, out = config["unlearning"], {}
+    for sweep, spec in unlearning.get("sweeps", {}).items():
+        base, key = spec["run"], spec["key"]
+        if base not in unlearning["runs"]:
+            raise ConfigError(f"config key 'unlearning.sweeps.{sweep}.run': {base!r} is not in unlearning.runs")
+        if key not in unlearning["defaults"]:
+            raise ConfigError(f"config key 'unlearning.sweeps.{sweep}.key': {key!r} is not a run setting; "
+                              f"known: {sorted(unlearning['defaults'])}")
+        current = {**unlearning["defaults"], **unlearning["runs"][base]}[key]
+        if key == "anchor_tau" and current is None:  # null: the selection stage's tau
+            current = config["selection"]["anchor"]["tau"]
+        out[sweep] = [(value, base if value == current else f"{base}.{key}_{value}", key, base)
+                      for value in spec["values"]]
+    return out
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:

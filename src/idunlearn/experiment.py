@@ -7,11 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 from PIL import Image
 
-from .faces.analyser import FaceAnalyser, aligned_crops, ok_embeddings
+from .faces import build_face_analyser
+from .faces.analyser import FaceAnalyser, aligned_crops, load_rgb, ok_embeddings
 from .identities import centroid_matrix
 from .models.generator import IdentityGenerator
+from .models.pretrain import faces_to_training_images
 from .unlearning.base import UnlearningData
 
 
@@ -28,17 +31,77 @@ def load_generator(cfg: dict, device: str = "cpu") -> IdentityGenerator:
     raise ValueError(f"generator.backend {cfg['backend']!r} is unknown: use 'mini' or 'arc2face'")
 
 
-def unlearning_data(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame,
-                    centroids: pd.DataFrame) -> UnlearningData:
-    """Forget-train embeddings, the retain-train pool and the anchor centroid of one experiment."""
+def run_selection(selection: dict, run: dict, centroids: pd.DataFrame) -> dict:
+    """The experiment as one run sees it: the selection, with the anchor re-drawn at the run's ``anchor_tau``
+    when it sets one (PIU Table 4's tau ablation)."""
+    from .selection import anchor_for_tau
+
+    if run.get("anchor_tau") is None or run["anchor_tau"] == selection["tau"]:
+        return selection
+    return {**selection, **anchor_for_tau(selection, centroids, run["anchor_tau"])}
+
+
+def unlearning_data(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame, centroids: pd.DataFrame,
+                    latents_of: tuple[pd.DataFrame, IdentityGenerator] | None = None,
+                    recognizer: torch.nn.Module | None = None) -> UnlearningData:
+    """Forget-train embeddings, the retain-train pool, the anchor centroid and the other retain-train centroids of
+    one experiment; with ``latents_of`` = (manifest, generator) also the forget-train, retain-train and anchor
+    images as clean latents of that generator (``real_latents``), row for row with the embeddings."""
     emb = ok_embeddings(faces)
-    retain_images = labels.loc[labels["identity"].isin(selection["retain_train_identities"]), "image_id"]
+    retain_ids = sorted(labels.loc[labels["identity"].isin(selection["retain_train_identities"]), "image_id"])
     cents = dict(zip(centroids["identity"], centroid_matrix(centroids)))
-    return UnlearningData(
+    anchor = selection["anchor_identity"]
+    data = UnlearningData(
         forget_train=np.stack(emb.loc[selection["forget_train_images"]].to_numpy()).astype(np.float32),
-        retain_train=np.stack(emb.loc[sorted(retain_images)].to_numpy()).astype(np.float32),
-        anchor_centroid=cents[selection["anchor_identity"]].astype(np.float32),
+        retain_train=np.stack(emb.loc[retain_ids].to_numpy()).astype(np.float32),
+        anchor_centroid=cents[anchor].astype(np.float32),
+        retain_centroids=np.stack([cents[j] for j in sorted(selection["retain_train_identities"])
+                                   if j != anchor]).astype(np.float32),
+        recognizer=recognizer,
     )
+    if latents_of is not None:
+        manifest, generator = latents_of
+        anchor_ids = sorted(labels.loc[labels["identity"] == anchor, "image_id"])
+        data.forget_latents = real_latents(generator, manifest, faces, selection["forget_train_images"])
+        data.retain_latents = real_latents(generator, manifest, faces, retain_ids)
+        data.anchor_latents = data.retain_latents[np.searchsorted(retain_ids, anchor_ids)]
+    return data
+
+
+def real_latents(generator: IdentityGenerator, manifest: pd.DataFrame, faces: pd.DataFrame, image_ids: list[str],
+                 batch_size: int = 16) -> torch.Tensor:
+    """Clean latents (N, *latent_shape) of real images, prepared the way the generator saw faces in training:
+    pixel-space generators (the mini Arc2Face) take the aligned crop at their resolution
+    (``faces_to_training_images``); latent-space generators (Arc2Face) take the whole image at the VAE's input
+    size through the VAE encoder (posterior mean, scaled by ``vae_scale``)."""
+    paths = manifest.set_index("image_id").loc[image_ids, "path"]
+    if generator.vae is None:
+        channels, size = generator.latent_shape[:2]
+        landmarks = faces[faces["status"] == "ok"].set_index("image_id").loc[image_ids, "landmarks"]
+        return faces_to_training_images(aligned_crops(paths, landmarks), size, channels)
+    vae, size = generator.vae, generator.latent_shape[1] * 2 ** (len(generator.vae.config.block_out_channels) - 1)
+    out = []
+    for start in range(0, len(paths), batch_size):
+        images = np.stack([np.asarray(Image.fromarray(load_rgb(path)).resize((size, size), Image.BICUBIC))
+                           for path in paths.iloc[start:start + batch_size]])
+        x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div(127.5).sub(1)
+        with torch.no_grad():
+            x = x.to(device=generator.device, dtype=vae.dtype)
+            out.append((vae.encode(x).latent_dist.mean * generator.vae_scale).float().cpu())
+    return torch.cat(out)
+
+
+def differentiable_recognizer(faces_cfg: dict, models_dir) -> torch.nn.Module:
+    """The face analyser's recognizer as a frozen torch module (methods whose loss runs through it: WID)."""
+    analyser = build_face_analyser(faces_cfg, models_dir)
+    recognizer = getattr(analyser, "recognizer", None)
+    if not isinstance(recognizer, torch.nn.Module):
+        raise ValueError(
+            f"faces.backend {faces_cfg['backend']!r} embeds faces with {type(recognizer).__name__}, which gradients "
+            "cannot pass through; the method needs a differentiable (torch) recognizer. Use faces.backend 'offline' "
+            "(MobileFaceNet in torch), or convert the paper's arcface.onnx to a torch module taking (N, 3, 112, 112) "
+            "RGB in [0, 255] and expose it as the analyser's `recognizer`.")
+    return recognizer.eval().requires_grad_(False)
 
 
 @dataclass

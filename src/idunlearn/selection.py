@@ -96,6 +96,26 @@ def select_anchor(forget_centroid: np.ndarray, candidate_ids: np.ndarray, candid
     return int(candidate_ids[pick]), float(sims[pick]), True, 0
 
 
+def experiment_anchor(centroids: dict, forget: int, retain_train, tau: float, tol: float,
+                      seed: int) -> tuple[int, float, bool, int]:
+    """The anchor of one forget identity among its retain-train identities (``centroids``: identity -> centroid),
+    drawn from the (seed, anchor, identity) stream so that any tau can be re-drawn later (tau ablation)."""
+    candidates = np.asarray(retain_train)
+    return select_anchor(centroids[forget], candidates, np.stack([centroids[int(j)] for j in candidates]), tau, tol,
+                         np.random.default_rng([seed, _ANCHOR, forget]))
+
+
+def anchor_for_tau(selection: dict, centroids: pd.DataFrame, tau: float) -> dict:
+    """A selection's anchor re-drawn at another proximity ``tau`` (same tolerance, seed and candidates):
+    the anchor fields of the selection for that tau."""
+    cent = dict(zip(centroids["identity"].astype(int), centroid_matrix(centroids)))
+    anchor, cosine, fallback, band = experiment_anchor(cent, selection["forget_identity"],
+                                                       selection["retain_train_identities"], tau, selection["tol"],
+                                                       selection["seed"])
+    return {"anchor_identity": anchor, "anchor_cosine": cosine, "anchor_fallback": fallback,
+            "anchor_band_size": band, "tau": tau}
+
+
 def select_experiments(labels: pd.DataFrame, centroids: pd.DataFrame, cfg: dict, seed: int) -> list[Selection]:
     """The first ``cfg['n_forget']`` forget identities with their splits and anchors.
 
@@ -118,9 +138,7 @@ def select_experiments(labels: pd.DataFrame, centroids: pd.DataFrame, cfg: dict,
         perm = np.random.default_rng([seed, _FORGET_SPLIT, forget]).permutation(len(images))
         n_train = split_count(len(images), cfg["forget_train_fraction"])
         retain_train = retain_train_all[retain_train_all != forget]
-        anchor, cosine, fallback, band = select_anchor(
-            cent[forget], retain_train, np.stack([cent[int(j)] for j in retain_train]), tau, tol,
-            np.random.default_rng([seed, _ANCHOR, forget]))
+        anchor, cosine, fallback, band = experiment_anchor(cent, forget, retain_train, tau, tol, seed)
         selections.append(Selection(
             forget_identity=forget,
             forget_train_images=sorted(images[perm[:n_train]].tolist()),

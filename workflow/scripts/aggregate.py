@@ -13,8 +13,9 @@ with stage_log(snakemake.log[0], "aggregate") as log:
     for after_path, timings_path in zip(i.after, i.timings):
         after, timings = read_json(after_path), read_json(timings_path)
         run, identity = timings["run_name"], after["forget_identity"]
-        rows.append(metrics_row(run, runs[run], selections.loc[identity].to_dict(), before[identity], after,
-                                METRIC_KEYS))
+        experiment = {**selections.loc[identity].to_dict(), **timings["anchor"]}  # the run's own anchor
+        rows.append({**metrics_row(run, runs[run], experiment, before[identity], after, METRIC_KEYS),
+                     "kd_features": after["kd_features"], "quality_measure": after["quality_measure"]})
         costs.append({"run": run, "forget_identity": identity,
                       **{k: timings[k] for k in ("steps", "trainable_parameters", "seconds_per_step")}})
     metrics = pd.DataFrame(rows).sort_values(["run", "forget_identity"]).reset_index(drop=True)

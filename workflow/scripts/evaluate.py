@@ -2,6 +2,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from idunlearn.evaluation.quality import build_quality
 from idunlearn.evaluation.run import anchor_images, evaluate_generator
 from idunlearn.evaluation.samples import evaluation_set
 from idunlearn.experiment import build_features, load_generator, reference_images
@@ -14,16 +15,18 @@ with stage_log(snakemake.log[0], "evaluate") as log:
     torch.set_num_threads(snakemake.threads)
     i, p, out = snakemake.input, snakemake.params, snakemake.output
     cfg, selection = p.evaluation, read_json(i.selection)
+    if "timings" in i.keys():  # the run's own anchor (a tau-ablation run re-draws it)
+        selection.update(read_json(i.timings)["anchor"])
     manifest, faces = pd.read_parquet(i.manifest), pd.read_parquet(i.faces)
     labels, centroids = pd.read_parquet(i.labels), pd.read_parquet(i.centroids)
     generator = load_generator(p.generator, p.device)
     if "changed" in i.keys():
         apply_changed_parameters(generator, i.changed)
     analyser = build_face_analyser(p.faces, i.models)
-    features = build_features(cfg["kd"], analyser)
+    features, quality = build_features(cfg["kd"], analyser), build_quality(cfg["quality"])
     reference = reference_images(selection, manifest, faces, labels, generator)
     eval_set = evaluation_set(selection, faces, labels, cfg["n_forget_samples"], cfg["n_retain_samples"], p.seed)
-    scored, metrics, images = evaluate_generator(generator, analyser, features, eval_set, centroids,
+    scored, metrics, images = evaluate_generator(generator, analyser, features, quality, eval_set, centroids,
                                                  selection["anchor_identity"], features(reference.images), cfg)
     log.info("metrics: %s", metrics)
     arrays = {"samples": images, "sample_ids": scored["sample_id"].to_numpy(str)}
@@ -33,5 +36,5 @@ with stage_log(snakemake.log[0], "evaluate") as log:
         with open(tmp, "wb") as handle:
             np.savez_compressed(handle, **arrays)
     write_parquet(scored, out.samples)
-    write_json({**metrics, "kd_features": features.name, "forget_identity": selection["forget_identity"]},
+    write_json({**metrics, "kd_features": features.name, "quality_measure": quality.name, "forget_identity": selection["forget_identity"]},
                out.metrics)

@@ -3,7 +3,8 @@ import os
 import pandas as pd
 import torch
 
-from idunlearn.experiment import load_generator, unlearning_data
+from idunlearn.controllable import phase_two_epsilon
+from idunlearn.experiment import differentiable_recognizer, load_generator, run_selection, unlearning_data
 from idunlearn.io import read_json, write_json, write_parquet
 from idunlearn.runlog import stage_log
 from idunlearn.unlearning import build_method
@@ -12,14 +13,25 @@ from idunlearn.unlearning.runner import save_changed_parameters, unlearn
 with stage_log(snakemake.log[0], "unlearn") as log:
     torch.set_num_threads(snakemake.threads)
     i, p, out = snakemake.input, snakemake.params, snakemake.output
-    run, selection = p.run, read_json(i.selection)
+    run, centroids = p.run, pd.read_parquet(i.centroids)
+    if run["epsilon_fraction"] is not None:  # Phase II: epsilon from this identity's Phase I boundary runs
+        run = {**run, "epsilon": phase_two_epsilon(run["epsilon_fraction"], *map(pd.read_parquet, i.boundaries))}
+        log.info("Phase II epsilon %.6g at fraction %s", run["epsilon"], run["epsilon_fraction"])
+    selection = run_selection(read_json(i.selection), run, centroids)
     generator = load_generator(p.generator, p.device)
-    data = unlearning_data(selection, pd.read_parquet(i.faces), pd.read_parquet(i.labels), pd.read_parquet(i.centroids))
+    method = build_method(run["method"], run)
+    needs = getattr(method, "needs", ())  # real images as latents (SISS, WID), a differentiable recognizer (WID)
+    data = unlearning_data(selection, pd.read_parquet(i.faces), pd.read_parquet(i.labels), centroids,
+                           latents_of=(pd.read_parquet(i.manifest), generator) if "latents" in needs else None,
+                           recognizer=differentiable_recognizer(p.faces, i.models).to(p.device)
+                           if "recognizer" in needs else None)
     seed = p.seed + selection["forget_identity"]
-    losses, timings = unlearn(generator, build_method(run["method"], run), data, run, p.state, seed)
+    losses, timings = unlearn(generator, method, data, run, p.state, seed)
     log.info("timings: %s", timings)
     save_changed_parameters(generator, run["regime"], run["surgical_blocks"], out.changed)
     write_parquet(losses, out.losses)
-    write_json({**timings, "run_name": snakemake.wildcards.run, "run": run, "seed": seed}, out.timings)
+    anchor = {k: selection[k] for k in ("anchor_identity", "anchor_cosine", "anchor_fallback", "tau")}
+    write_json({**timings, "run_name": snakemake.wildcards.run, "run": run, "seed": seed, "anchor": anchor},
+               out.timings)
     if os.path.exists(p.state):
         os.remove(p.state)  # finished: the resume point is no longer needed

@@ -10,12 +10,13 @@ from .kernel import kernel_distance
 
 METRIC_KEYS = ["ism_forget", "ism_retain", "acc_forget", "acc_retain", "srk", "anchor_ism_forget",
                "anchor_ism_retain", "detection_rate_forget", "detection_rate_retain", "kd_forget", "kd_retain",
-               "quality_proxy_forget", "quality_proxy_retain"]
+               "quality_forget", "quality_retain"]
 
 
 def run_metrics(scored: pd.DataFrame, features: np.ndarray, reference_features: np.ndarray, kd_cfg: dict) -> dict:
     """ISM (eq. 7), AccU / AccR (eqs. 8-9), SRK (eq. 10), anchor ISM, detection rate, kernel distance to the
-    retain-validation real images, and the face-quality proxy (mean detector score of detected faces).
+    retain-validation real images, and face quality (mean of the ``quality`` column over detected faces: eDifFIQA
+    or the offline proxy, see quality.py).
 
     ``features``: KD features of the samples, row-aligned with ``scored``.
     """
@@ -29,7 +30,7 @@ def run_metrics(scored: pd.DataFrame, features: np.ndarray, reference_features: 
         out[f"detection_rate_{kind}"] = float(part["detected"].mean())
         out[f"kd_{kind}"] = kernel_distance(features[mask], reference_features, kd_cfg["num_subsets"],
                                             kd_cfg["max_subset_size"], kd_cfg["seed"])
-        detected = part[part["detected"]]
-        out[f"quality_proxy_{kind}"] = float(detected["det_score"].mean()) if len(detected) else float("nan")
+        detected = part.loc[part["detected"], "quality"]
+        out[f"quality_{kind}"] = float(detected.mean()) if len(detected) else float("nan")
     out["srk"] = srk(out["acc_retain"], out["acc_forget"])
     return out

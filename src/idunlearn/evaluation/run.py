@@ -12,13 +12,15 @@ from .metrics import run_metrics
 from .samples import EvaluationSet, generate_samples, score_samples
 
 
-def evaluate_generator(generator: IdentityGenerator, analyser: FaceAnalyser, features, eval_set: EvaluationSet,
-                       centroids: pd.DataFrame, anchor_identity: int, reference_features: np.ndarray,
-                       cfg: dict) -> tuple[pd.DataFrame, dict, np.ndarray]:
-    """Generate the evaluation samples, score them and compute the run metrics. Returns (samples, metrics, images)."""
+def evaluate_generator(generator: IdentityGenerator, analyser: FaceAnalyser, features, quality,
+                       eval_set: EvaluationSet, centroids: pd.DataFrame, anchor_identity: int,
+                       reference_features: np.ndarray, cfg: dict) -> tuple[pd.DataFrame, dict, np.ndarray]:
+    """Generate the evaluation samples, score them (identity, detection, ``quality``) and compute the run metrics.
+    Returns (samples, metrics, images)."""
     images = generate_samples(generator, eval_set.embeddings, eval_set.table["seed"], cfg["steps"], cfg["guidance"],
                               cfg["batch_size"])
     scored = score_samples(eval_set.table, images, analyser, centroids, anchor_identity)
+    scored["quality"] = quality(images, scored)
     metrics = run_metrics(scored, features(images), reference_features, cfg["kd"])
     return scored, metrics, images
 

@@ -59,7 +59,7 @@ def generate_samples(generator: IdentityGenerator, embeddings: np.ndarray, seeds
 
 def score_samples(samples: pd.DataFrame, images: np.ndarray, analyser: FaceAnalyser, centroids: pd.DataFrame,
                   anchor_identity: int) -> pd.DataFrame:
-    """Per-sample rows: detected, detection score, embedding, cosine to own centroid and to the anchor's,
+    """Per-sample rows: detected, detection score, landmarks, embedding, cosine to own centroid and to the anchor's,
     nearest-centroid prediction over all identities."""
     read = read_samples(analyser, images, samples["sample_id"].tolist())
     ids, cents = centroids["identity"].to_numpy(), centroid_matrix(centroids)
@@ -69,6 +69,7 @@ def score_samples(samples: pd.DataFrame, images: np.ndarray, analyser: FaceAnaly
     out = samples.copy()
     out["detected"] = detected
     out["det_score"] = read["det_score"].to_numpy()
+    out["landmarks"] = read["landmarks"].to_numpy()
     out["embedding"] = read["embedding"].to_numpy()
     out["own_cosine"] = identity_similarity(emb, own, detected)
     out["anchor_cosine"] = identity_similarity(emb, anchor, detected)

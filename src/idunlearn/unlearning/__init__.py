@@ -1,15 +1,20 @@
-"""Unlearning methods (forget/retain objectives), optimisers (how the two become an update) and the run loop."""
+"""Unlearning methods (forget/retain objectives or a closed-form edit), optimisers (how the two objectives become
+an update) and the run loop. One module per method; ``METHODS`` maps the config's ``method`` to its class."""
 
 from __future__ import annotations
 
-from .base import UnlearningMethod
+from .base import ClosedFormMethod, UnlearningMethod
+from .esd import ESD
 from .piu import PIU
+from .siss import SISS
+from .uce import UCE
+from .wid import WID
 
-METHODS: dict[str, type[UnlearningMethod]] = {PIU.name: PIU}
+METHODS: dict[str, type[UnlearningMethod] | type[ClosedFormMethod]] = {
+    cls.name: cls for cls in (PIU, SISS, UCE, WID, ESD)}
 
 
-def build_method(name: str, params: dict) -> UnlearningMethod:
-    try:
-        return METHODS[name](params)
-    except KeyError:
-        raise ValueError(f"unlearning method {name!r} is unknown: use one of {', '.join(METHODS)}") from None
+def build_method(name: str, params: dict) -> UnlearningMethod | ClosedFormMethod:
+    if name not in METHODS:
+        raise ValueError(f"config key 'method': unlearning method {name!r} is unknown; use one of {', '.join(METHODS)}")
+    return METHODS[name](params)

@@ -7,6 +7,7 @@ update. Closed-form methods (no training loop) implement ``edit`` instead.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,17 +19,36 @@ from ..models.generator import IdentityGenerator
 
 @dataclass
 class UnlearningData:
-    """Identity embeddings of one experiment (from the selection stage)."""
+    """Identity embeddings of one experiment (from the selection stage), and what some methods need besides:
+    real images as clean generator latents (row i pairs with embedding row i) and a differentiable recognizer."""
 
     forget_train: np.ndarray  # (n_f, D) forget-train image embeddings
     retain_train: np.ndarray  # (n_r, D) embeddings of retain-train identities' images
     anchor_centroid: np.ndarray  # (D,) centroid of the anchor identity
+    retain_centroids: np.ndarray | None = None  # (k, D) centroids of the retain-train identities except the anchor
+    forget_latents: torch.Tensor | None = None  # (n_f, *latent_shape) the forget-train images
+    retain_latents: torch.Tensor | None = None  # (n_r, *latent_shape) the retain-train images
+    anchor_latents: torch.Tensor | None = None  # (n_a, *latent_shape) the anchor identity's images
+    # (N, 3, 112, 112) float RGB in [0, 255] -> (N, d) raw embeddings, differentiable in its input
+    recognizer: nn.Module | None = None
+
+    def require(self, field: str, method: str) -> torch.Tensor | np.ndarray | nn.Module:
+        value = getattr(self, field)
+        if value is None:
+            raise ValueError(f"method {method!r} needs UnlearningData.{field}; build the data with "
+                             f"idunlearn.experiment.unlearning_data for this method (its `needs`)")
+        return value
 
 
 @dataclass
 class Objectives:
+    """One step's objectives; every optimiser minimises both (a method that ascends a loss returns its negative)."""
+
     forget: torch.Tensor
     retain: torch.Tensor | None  # None: the method has no retain term
+    # the retain loss recomputed on this step's retain batch at the current parameters (EUPMU's same-batch
+    # measurement after the update); None where the method cannot recompute it
+    retain_again: Callable[[], torch.Tensor] | None = None
 
 
 class UnlearningMethod(abc.ABC):
@@ -41,3 +61,17 @@ class UnlearningMethod(abc.ABC):
     def objectives(self, generator: IdentityGenerator, teacher: nn.Module, data: UnlearningData,
                    rng: np.random.Generator, gen: torch.Generator) -> Objectives:
         """Sample one step's batch and return its forget and retain losses (differentiable in the student)."""
+
+
+class ClosedFormMethod(abc.ABC):
+    """A method that edits the weights in one solve, without a training loop (UCE)."""
+
+    name: str
+
+    def __init__(self, params: dict):
+        self.params = params
+
+    @abc.abstractmethod
+    def edit(self, generator: IdentityGenerator, data: UnlearningData, trainable: dict[str, nn.Parameter],
+             rng: np.random.Generator) -> dict:
+        """Edit ``trainable`` (the run's regime) in place; return the loss-log row of the edit."""

@@ -1,4 +1,5 @@
-"""Shared building blocks of gradient-based unlearning: condition sampling, clean latents, noisy latents."""
+"""Shared building blocks of gradient-based unlearning: condition sampling, clean latents, noisy latents, the
+one-step estimate of the clean latent."""
 
 from __future__ import annotations
 
@@ -27,10 +28,30 @@ def draw_rows(embeddings: np.ndarray, n: int, rng: np.random.Generator) -> np.nd
     return np.asarray(embeddings, np.float32)[rng.integers(len(embeddings), size=n)]
 
 
+def draw_examples(latents: torch.Tensor, embeddings: np.ndarray, n: int,
+                  rng: np.random.Generator) -> tuple[torch.Tensor, np.ndarray]:
+    """n (clean latent, own embedding) pairs of real images, drawn uniformly with replacement."""
+    if len(latents) != len(embeddings):
+        raise ValueError(f"{len(latents)} latents but {len(embeddings)} embeddings: the rows must pair up")
+    rows = rng.integers(len(latents), size=n)
+    return latents[rows], np.asarray(embeddings, np.float32)[rows]
+
+
+def noised(scheduler, x0: torch.Tensor, gen: torch.Generator, device) -> tuple:
+    """Fresh noise eps, t ~ U{0..T-1} and x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (DDPM forward process,
+    PIU Section 3.1). Returns (x_t, t, eps) on ``device``."""
+    noise = torch.randn(x0.shape, generator=gen)
+    t = torch.randint(scheduler.config.num_train_timesteps, (len(x0),), generator=gen)
+    return scheduler.add_noise(x0, noise, t).to(device), t.to(device), noise.to(device)
+
+
 def noisy_latents(scheduler, shape: tuple[int, ...], n: int, gen: torch.Generator, device) -> tuple:
-    """Clean latents from pure Gaussian noise (PIU Section 3.4), fresh noise, t ~ U{0..T-1}, and
-    x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) eps (PIU Section 3.1)."""
-    x0 = torch.randn((n, *shape), generator=gen)
-    noise = torch.randn((n, *shape), generator=gen)
-    t = torch.randint(scheduler.config.num_train_timesteps, (n,), generator=gen)
-    return scheduler.add_noise(x0, noise, t).to(device), t.to(device)
+    """Clean latents from pure Gaussian noise (PIU Section 3.4), noised at random timesteps (``noised``)."""
+    x_t, t, _ = noised(scheduler, torch.randn((n, *shape), generator=gen), gen, device)
+    return x_t, t
+
+
+def predicted_x0(scheduler, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """One-step estimate x0_hat = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t) (PIU appendix eq. 46)."""
+    abar = scheduler.alphas_cumprod.to(device=x_t.device, dtype=torch.float32)[t].view(-1, *[1] * (x_t.ndim - 1))
+    return (x_t.float() - (1 - abar).sqrt() * eps.float()) / abar.sqrt()

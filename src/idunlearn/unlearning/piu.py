@@ -51,5 +51,12 @@ class PIU(UnlearningMethod):
         x_r, t_r = noisy_latents(sched, generator.latent_shape, n_r, gen, device)  # own latents and timesteps
         with torch.no_grad():
             eps_keep = generator.predict_noise(x_r, t_r, c_r, unet=teacher)
-        retain = mse_loss(generator.predict_noise(x_r, t_r, c_r).float(), eps_keep.float())  # PIU eq. 3
-        return Objectives(forget, retain)
+        # the re-measurement (EUPMU) runs under the autocast state of this measurement
+        autocast = torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type),
+                                  enabled=torch.is_autocast_enabled(device.type))
+
+        def retain_loss() -> torch.Tensor:  # PIU eq. 3 on this step's retain batch at the current parameters
+            with autocast:
+                return mse_loss(generator.predict_noise(x_r, t_r, c_r).float(), eps_keep.float())
+
+        return Objectives(forget, retain_loss(), retain_again=retain_loss)

@@ -16,25 +16,28 @@ from tqdm.auto import tqdm
 from ..io import atomic_path
 from ..models.generator import IdentityGenerator
 from ..models.layers import select_trainable
-from .base import UnlearningData, UnlearningMethod
+from .base import ClosedFormMethod, UnlearningData, UnlearningMethod
 from .optimisers import build_optimiser
 
 log = logging.getLogger(__name__)
 
 
-def unlearn(generator: IdentityGenerator, method: UnlearningMethod, data: UnlearningData, cfg: dict,
-            state_path: str | Path, seed: int) -> tuple[pd.DataFrame, dict]:
-    """Run ``cfg['steps']`` optimisation steps of ``method`` on ``generator`` (in place).
+def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormMethod, data: UnlearningData,
+            cfg: dict, state_path: str | Path, seed: int) -> tuple[pd.DataFrame, dict]:
+    """Run ``cfg['steps']`` optimisation steps of ``method`` on ``generator`` (in place), or its one closed-form
+    edit (a ClosedFormMethod: no optimiser, no resume state, one loss-log row, ``steps`` 1).
 
     cfg: steps, regime, surgical_blocks, checkpoint_every, and the optimiser's keys. Returns (loss log, timings).
     Every ``checkpoint_every`` steps the trainable weights, optimiser and random states go to ``state_path``;
     a rerun continues from there and ends where an uninterrupted run would.
     """
     generator.requires_grad_(False)
-    teacher = copy.deepcopy(generator.unet).eval()
     trainable = select_trainable(generator.unet, cfg["regime"], cfg["surgical_blocks"])
-    optimiser = build_optimiser(list(trainable.values()), cfg)
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+    if isinstance(method, ClosedFormMethod):
+        return _edit(generator, method, data, trainable, rng)
+    teacher = copy.deepcopy(generator.unet).eval().requires_grad_(False)
+    optimiser = build_optimiser(list(trainable.values()), cfg)
     rows, step, state_path = [], 0, Path(state_path)
     if state_path.is_file():
         state = torch.load(state_path, weights_only=True)
@@ -59,6 +62,16 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod, data: Unlear
                "seconds_this_session": time.perf_counter() - started,
                "seconds_per_step": float(table["seconds"].median()) if len(table) else float("nan")}
     return table, timings
+
+
+def _edit(generator: IdentityGenerator, method: ClosedFormMethod, data: UnlearningData, trainable: dict,
+          rng: np.random.Generator) -> tuple[pd.DataFrame, dict]:
+    tick = time.perf_counter()
+    row = method.edit(generator, data, trainable, rng)
+    seconds = time.perf_counter() - tick
+    timings = {"steps": 1, "trainable_parameters": int(sum(p.numel() for p in trainable.values())),
+               "seconds_this_session": seconds, "seconds_per_step": seconds}
+    return pd.DataFrame([{"step": 1, **row, "seconds": seconds}]), timings
 
 
 def _save_state(path: Path, trainable: dict, optimiser, rng, gen, rows, step) -> None:

@@ -1,0 +1,87 @@
+"""Controllable unlearning (epsilon-constrained optimisation, seed paper 001 Section 4.3): the Phase II bound from
+the Phase I boundary runs, and the Pareto table and plot of the whole sweep."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from .evaluation.aggregate import mean_ci  # noqa: E402
+from .unlearning.optimisers import epsilon_at  # noqa: E402
+
+TAIL = 0.1  # the last 10% of steps: the objectives "at the end of training", averaged over batches
+PARETO_METRICS = ["ism_forget_after", "ism_retain_after", "srk_after", "kd_forget_delta", "kd_retain_delta"]
+
+
+def final_objective(losses: pd.DataFrame, column: str) -> float:
+    """An objective at the end of training: its mean over the last ``TAIL`` of the logged steps (each step sees a
+    fresh batch, so one step's value is noisy)."""
+    values = losses.sort_values("step")[column].to_numpy(np.float64)
+    return float(values[-max(1, int(round(TAIL * len(values)))):].mean())
+
+
+def phase_two_epsilon(fraction: float, highest: pd.DataFrame, lowest: pd.DataFrame) -> float:
+    """Phase II's bound on f1 (the forget objective) at ``fraction`` of the range between the Phase I boundaries,
+    from their loss logs."""
+    return epsilon_at(fraction, final_objective(highest, "forget_loss"), final_objective(lowest, "forget_loss"))
+
+
+def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame,
+                 losses: dict[tuple[str, int], pd.DataFrame]) -> pd.DataFrame:
+    """One row per (base run, forget identity, point): completeness rank (0 = highest), f1 and f2 at the end of
+    training, and the evaluation metrics. ``points``: base run -> [(point, run name)] in completeness order;
+    ``losses``: (run, identity) -> loss log."""
+    rows = []
+    for base, runs in points.items():
+        for rank, (point, run) in enumerate(runs):
+            for rec in metrics[metrics["run"] == run].itertuples():
+                log = losses[(run, rec.forget_identity)]
+                rows.append({"base_run": base, "forget_identity": rec.forget_identity, "point": point, "run": run,
+                             "completeness_rank": rank, "f1_forget": final_objective(log, "forget_loss"),
+                             "f2_retain": final_objective(log, "retain_loss"),
+                             **{m: getattr(rec, m) for m in PARETO_METRICS}})
+    return pd.DataFrame(rows).sort_values(["base_run", "forget_identity", "completeness_rank"]).reset_index(drop=True)
+
+
+def pareto_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (base run, point): mean and 95% half width over forget identities; and per base run the Spearman
+    correlation of forget ISM with the completeness rank (positive: forget ISM rises as completeness falls)."""
+    records = []
+    for (base, rank, point), group in table.groupby(["base_run", "completeness_rank", "point"], sort=True):
+        record = {"base_run": base, "point": point, "completeness_rank": rank, "n_identities": len(group)}
+        for col in ["f1_forget", "f2_retain", *PARETO_METRICS]:
+            record[f"{col}_mean"], record[f"{col}_ci95"] = mean_ci(group[col])
+        records.append(record)
+    summary = pd.DataFrame(records)
+    for base, part in table.groupby("base_run"):
+        rho = stats.spearmanr(part["completeness_rank"], part["ism_forget_after"]).statistic
+        summary.loc[summary["base_run"] == base, "ism_forget_rank_spearman"] = float(rho)
+    return summary
+
+
+def pareto_figure(table: pd.DataFrame, summary: pd.DataFrame):
+    """Left: f2 against f1 at the end of training per identity (thin) and averaged (thick, with 95% bars).
+    Right: retain ISM against forget ISM after unlearning, same layout."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    panels = [("f1_forget", "f2_retain", "forget objective f1 (end of training)", "retain objective f2"),
+              ("ism_forget_after", "ism_retain_after", "forget ISM after", "retain ISM after")]
+    for ax, (x, y, xlabel, ylabel) in zip(axes, panels):
+        for (base, ident), part in table.groupby(["base_run", "forget_identity"]):
+            ax.plot(part[x], part[y], "-o", color="0.75", lw=0.8, ms=3)
+        for base, part in summary.groupby("base_run"):
+            ax.errorbar(part[f"{x}_mean"], part[f"{y}_mean"], xerr=part[f"{x}_ci95"], yerr=part[f"{y}_ci95"],
+                        fmt="-o", lw=2, capsize=3, label=f"{base} (mean over identities)")
+            for px, py, point in zip(part[f"{x}_mean"], part[f"{y}_mean"], part["point"]):
+                ax.annotate(point, (px, py), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Controllable unlearning: Phase I boundaries (highest, lowest) and Phase II epsilon fractions")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,65 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from idunlearn.config import ConfigError, controllable_runs, epsilon_boundary_runs, run_config, validate_config
+from idunlearn.controllable import (
+    PARETO_METRICS, final_objective, pareto_figure, pareto_summary, pareto_table, phase_two_epsilon,
+)
+
+
+def config(fractions=(0.75, 0.25)):
+    return validate_config({"unlearning": {"runs": {"piu": {"steps": 20, "eta": 2.0}}, "controllable": {
+        "piu": {"fractions": list(fractions), "overrides": {"steps": 10}}}}})
+
+
+def test_controllable_expands_phase_one_and_two_runs_in_completeness_order():
+    cfg = config()
+    points = controllable_runs(cfg)["piu"]
+    assert [(p, n) for p, n, _ in points] == [("highest", "piu.eps_highest"), ("0.25", "piu.eps_0.25"),
+                                              ("0.75", "piu.eps_0.75"), ("lowest", "piu.eps_lowest")]
+    phase2 = run_config(cfg, "piu.eps_0.25")
+    assert phase2["optimiser"] == "epsilon_constrained" and phase2["epsilon_phase"] == "controlled"
+    assert phase2["epsilon_fraction"] == 0.25 and phase2["steps"] == 10 and phase2["eta"] == 2.0
+    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "lowest"
+    assert epsilon_boundary_runs(cfg, "piu.eps_0.25") == ["piu.eps_highest", "piu.eps_lowest"]
+    assert epsilon_boundary_runs(cfg, "piu") == [] and epsilon_boundary_runs(cfg, "piu.eps_highest") == []
+
+
+def test_bad_controllable_settings_name_the_key():
+    with pytest.raises(ConfigError, match="unlearning.controllable.nope"):
+        validate_config({"unlearning": {"controllable": {"nope": {"fractions": [0.5]}}}})
+    with pytest.raises(ConfigError, match="fractions"):
+        validate_config({"unlearning": {"controllable": {"piu": {"fractions": [1.5]}}}})
+    cfg = validate_config({"unlearning": {"runs": {"piu": {}, "mine": {"epsilon_fraction": 0.5}}}})
+    with pytest.raises(ConfigError, match="Phase I runs"):
+        epsilon_boundary_runs(cfg, "mine")
+
+
+def test_final_objective_and_phase_two_epsilon_by_hand():
+    steps = np.arange(1, 21)
+    highest = pd.DataFrame({"step": steps, "forget_loss": np.r_[np.full(18, 9.0), 1.0, 3.0]})  # tail mean 2
+    lowest = pd.DataFrame({"step": steps[::-1], "forget_loss": np.r_[10.0, 6.0, np.full(18, 0.0)]})  # step-sorted
+    assert final_objective(highest, "forget_loss") == pytest.approx(2.0)
+    assert final_objective(lowest, "forget_loss") == pytest.approx(8.0)
+    assert phase_two_epsilon(0.25, highest, lowest) == pytest.approx(2.0 + 0.25 * 6.0)
+    with pytest.raises(ValueError, match="swapped"):
+        phase_two_epsilon(0.5, lowest, highest)
+
+
+def test_pareto_table_summary_and_figure():
+    points = {"piu": [("highest", "piu.eps_highest"), ("0.5", "piu.eps_0.5"), ("lowest", "piu.eps_lowest")]}
+    metrics, losses = [], {}
+    for rank, (_, run) in enumerate(points["piu"]):
+        for ident in (3, 5):
+            metrics.append({"run": run, "forget_identity": ident, **{m: 0.1 * rank + 0.01 * ident for m in PARETO_METRICS}})
+            losses[(run, ident)] = pd.DataFrame({"step": [1, 2], "forget_loss": [9.0, 1.0 + rank],
+                                                 "retain_loss": [0.0, 2.0 - rank]})
+    table = pareto_table(points, pd.DataFrame(metrics), losses)
+    assert len(table) == 6 and table["f1_forget"].tolist() == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+    summary = pareto_summary(table)
+    assert summary["point"].tolist() == ["highest", "0.5", "lowest"]
+    assert summary["ism_forget_after_mean"].tolist() == pytest.approx([0.04, 0.14, 0.24])
+    assert summary["ism_forget_rank_spearman"].iloc[0] > 0.8  # forget ISM rises as completeness falls
+    fig = pareto_figure(table, summary)
+    assert len(fig.axes) == 2

@@ -1,0 +1,64 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from idunlearn.evaluation.metrics import run_metrics
+from idunlearn.evaluation.quality import DetectorScoreQuality, EDifFIQAQuality, build_quality
+from idunlearn.faces.align import ARCFACE_TEMPLATE_112, align_face
+
+
+def tiny_quality_model(path, weights):
+    """An ONNX 'quality model': per-channel global mean, then a dot product with ``weights`` -> (N, 1)."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    graph = helper.make_graph(
+        [helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+         helper.make_node("Flatten", ["pooled"], ["flat"]),
+         helper.make_node("MatMul", ["flat", "w"], ["score"])],
+        "tiny_quality",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 112, 112])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(np.asarray(weights, np.float32).reshape(3, 1), "w")])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def test_ediffiqa_scores_faces_in_minus_one_to_one_nchw(tmp_path):
+    tiny_quality_model(tmp_path / "q.onnx", [1.0, 0.0, 0.0])  # the score is the mean red value in [-1, 1]
+    quality = EDifFIQAQuality(tmp_path / "q.onnx")
+    faces = np.zeros((2, 112, 112, 3), np.uint8)
+    faces[0, ..., 0] = 255  # red 255 -> +1
+    faces[1, ..., 1] = 255  # green only: red 0 -> -1
+    np.testing.assert_allclose(quality.score_faces(faces), [1.0, -1.0], atol=1e-6)
+
+
+def test_ediffiqa_aligns_detected_samples_and_leaves_undetected_nan(tmp_path):
+    tiny_quality_model(tmp_path / "q.onnx", [0.0, 0.0, 1.0])
+    quality = EDifFIQAQuality(tmp_path / "q.onnx")
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(2, 112, 112, 3), dtype=np.uint8)
+    landmarks = ARCFACE_TEMPLATE_112.reshape(-1).tolist()  # already aligned: the alignment is the identity warp
+    scored = pd.DataFrame({"detected": [True, False], "landmarks": [landmarks, None]})
+    scores = quality(images, scored)
+    aligned = align_face(images[0], ARCFACE_TEMPLATE_112, 112)
+    assert scores[0] == pytest.approx(aligned[..., 2].mean() / 127.5 - 1.0, abs=1e-5)
+    assert np.isnan(scores[1])
+
+
+def test_missing_ediffiqa_file_names_the_key(tmp_path):
+    with pytest.raises(FileNotFoundError, match="evaluation.quality.ediffiqa_onnx"):
+        build_quality({"ediffiqa_onnx": str(tmp_path / "absent.onnx")})
+    assert isinstance(build_quality({"ediffiqa_onnx": None}), DetectorScoreQuality)
+
+
+def test_run_metrics_quality_is_the_mean_over_detected_samples():
+    scored = pd.DataFrame({
+        "kind": ["forget", "forget", "retain", "retain"], "own_cosine": [0.5, 0.0, 0.9, 0.7],
+        "anchor_cosine": [0.1, 0.0, 0.2, 0.3], "predicted_identity": [1, -1, 2, 3],
+        "target_identity": [1, 1, 2, 2], "detected": [True, False, True, True], "det_score": [0.9, 0.0, 0.8, 0.6]})
+    scored["quality"] = DetectorScoreQuality()(None, scored)
+    assert np.isnan(scored["quality"][1])
+    feats = np.random.default_rng(1).normal(size=(4, 3))
+    out = run_metrics(scored, feats, feats, {"num_subsets": 2, "max_subset_size": 2, "seed": 0})
+    assert out["quality_forget"] == pytest.approx(0.9)  # the undetected sample has no quality
+    assert out["quality_retain"] == pytest.approx(0.7)
+    assert out["ism_forget"] == pytest.approx(0.25) and out["acc_retain"] == pytest.approx(0.5)
