@@ -5,7 +5,7 @@ CORES ?= 2
 CONFIG ?= config/config.yaml
 BIN = $(VENV)/bin
 
-.PHONY: setup assets run test lint report slurm-test
+.PHONY: setup assets run test lint report slurm-test fashion-mnist recognizer
 
 $(BIN)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,3 +42,13 @@ report: setup
 # Logs: results/slurm-test/.
 slurm-test: assets
 	$(BIN)/python -m pytest -m slurm -v tests/integration/test_slurm_cluster.py
+
+# Recognizer track (opt-in, not part of `make run`): the Fashion-MNIST Debian package dataset-fashion-mnist is fetched
+# with `apt-get download` into data/assets (sha256-checked, read from the .deb; nothing is installed), then
+# `snakemake recognizer` builds both tables (results/recognizer/tables/) and the speedup-versus-F_acc plot.
+fashion-mnist: setup
+	$(BIN)/python -m idunlearn.recognizer.data --configfile $(CONFIG)
+
+recognizer: assets fashion-mnist
+	$(BIN)/snakemake recognizer --cores $(CORES) --configfile $(CONFIG)
+	@echo "Tables: results/recognizer/tables/random_subset.md, results/recognizer/tables/classwise.md"

@@ -1,0 +1,115 @@
+"""The recognizer track's workflow stages as plain functions (the Snakemake scripts only read, call and write)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..config import ConfigError
+from ..io import atomic_path, read_json, write_csv, write_json, write_parquet
+from .data import ImageData, fashion_mnist_subset, load_fashion_mnist, orl_faces
+from .metrics import (COST_COLUMNS, VALUE_COLUMNS, classwise_table, markdown, plot_speedup_vs_facc,
+                      random_subset_table, summary_table)
+from .mia import train_shadows
+from .models import derive_seed, load_model, save_model
+from .runs import Experiment, run_experiment
+from .training import accuracy, train_from_scratch
+
+_ORIGINAL = 91
+log = logging.getLogger(__name__)
+
+
+def set_threads(n: int) -> None:
+    torch.set_num_threads(max(1, int(n)))
+
+
+def orl_data(manifest: str, embeddings: str, labels: str, dataset_cfg: dict, orl_cfg: dict, seed: int) -> ImageData:
+    if dataset_cfg["source"] != "orl":
+        raise ConfigError(f"config key 'dataset.source': the recognizer track's face classifier is defined on the ORL "
+                          f"faces of the offline world, not {dataset_cfg['source']!r}")
+    data = orl_faces(pd.read_parquet(manifest), pd.read_parquet(embeddings), pd.read_parquet(labels),
+                     orl_cfg["image_size"], orl_cfg["train_fraction"], seed)
+    log.info("ORL: %d images, %d identities, %d train / %d test", len(data.labels), data.n_classes,
+             len(data.train_idx), len(data.test_idx))
+    return data
+
+
+def fashion_mnist_data(fm_cfg: dict, data_dir: str, seed: int) -> ImageData:
+    arrays = load_fashion_mnist(fm_cfg, os.path.join(data_dir, "assets"))
+    data = fashion_mnist_subset(arrays, fm_cfg["n_train"], fm_cfg["n_test"], seed)
+    log.info("Fashion-MNIST subset: %d train / %d test", len(data.train_idx), len(data.test_idx))
+    return data
+
+
+def train_original(data: ImageData, settings: dict, seed: int, model_path: str, info_path: str) -> dict:
+    """The original model on the whole training split (``settings``: the dataset's ``model`` and ``training``); its
+    train/test accuracy go into the model's metadata and, with the training time, to ``info_path``."""
+    x_tr, y_tr = data.tensors(data.train_idx)
+    x_te, y_te = data.tensors(data.test_idx)
+    model, info = train_from_scratch(x_tr, y_tr, data.n_classes, data.images.shape[-1], settings["model"],
+                                     settings["training"], derive_seed(seed, _ORIGINAL), desc=f"original {data.name}")
+    meta = {"dataset": data.name, "acc_train": accuracy(model, x_tr, y_tr), "acc_test": accuracy(model, x_te, y_te),
+            "n_train": len(y_tr), "n_test": len(y_te), "n_classes": data.n_classes,
+            "parameters": sum(p.numel() for p in model.parameters()), "model": settings["model"],
+            "training": settings["training"], "seed": seed}
+    log.info("original %s: train accuracy %.4f, test accuracy %.4f (%.1f s)", data.name, meta["acc_train"],
+             meta["acc_test"], info["seconds"])
+    save_model(model, model_path, meta)
+    write_json({**meta, "seconds": info["seconds"]}, info_path)
+    return meta
+
+
+def shadows(data: ImageData, settings: dict, mia_cfg: dict, seed: int, path: str) -> None:
+    result = train_shadows(data, settings["model"], settings["training"], mia_cfg["n_shadows"], seed)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as handle:
+            np.savez_compressed(handle, membership=result["membership"], phi=result["phi"],
+                                ids=result["ids"].astype(str))
+
+
+def experiment(data_path: str, model_path: str, shadows_path: str, task: str, dataset: str, name: str, rcfg: dict,
+               seed: int, selection_path: str | None = None) -> pd.DataFrame:
+    """``rcfg``: the recognizer config, or the part of it this experiment reads (``runs.experiment_config``);
+    ``selection_path``: the forget identity's selection file of a class-wise experiment (checked against the name)."""
+    exp = Experiment.parse(task, dataset, name)
+    if selection_path is not None and read_json(selection_path)["forget_identity"] != exp.forget_identity:
+        raise ValueError(f"{selection_path} is not the selection of forget identity {exp.forget_identity}")
+    data = ImageData.load(data_path)
+    original, meta = load_model(model_path)
+    with np.load(shadows_path, allow_pickle=False) as z:
+        shadow = {k: z[k] for k in z.files}
+    return run_experiment(data, original, meta, shadow, exp, rcfg, seed)
+
+
+def tables(metric_paths: list[str], original_paths: list[str], out: dict) -> dict[str, pd.DataFrame]:
+    """Tidy metrics (deterministic), costs (times and speedups), summaries and the paper-style tables and plot."""
+    rows = pd.concat([pd.read_parquet(p) for p in metric_paths], ignore_index=True)
+    rows = rows.sort_values(["task", "dataset", "experiment", "method"], kind="stable").reset_index(drop=True)
+    keys = ["task", "dataset", "experiment", "seed", "forget_identity", "method"]
+    metrics = rows[[*keys, "n_retain", "n_forget", "n_test", *VALUE_COLUMNS, "settings", "info"]]
+    costs = rows[[*keys, *COST_COLUMNS]]
+    originals = pd.DataFrame([read_json(p) for p in original_paths])
+    summary = summary_table(rows)
+    rs, cw = random_subset_table(rows), classwise_table(rows)
+    write_parquet(metrics, out["metrics"])
+    write_csv(metrics, out["metrics_csv"])
+    write_csv(costs, out["costs"])
+    write_parquet(summary, out["summary"])
+    write_csv(summary, out["summary_csv"])
+    write_csv(originals.drop(columns=["model", "training"], errors="ignore"), out["originals"])
+    for frame, csv_key, md_key, title in ((rs, "random_subset", "random_subset_md", "Random-subset forgetting"),
+                                          (cw, "classwise", "classwise_md", "Class-wise forgetting (ORL identities)")):
+        write_csv(frame, out[csv_key])
+        with atomic_path(out[md_key]) as tmp:
+            tmp.write_text(f"# {title}\n\nmean ± 95% Student-t half width over experiments (n); times are CPU "
+                           "seconds of the unlearning (one thread), speedup = Retrain's CPU time / the method's.\n\n"
+                           + markdown(frame))
+    plot_speedup_vs_facc(rows, out["plot"])
+    return {"metrics": metrics, "summary": summary, "random_subset": rs, "classwise": cw}
+
+
+__all__ = ["set_threads", "orl_data", "fashion_mnist_data", "train_original", "shadows", "experiment", "tables"]
