@@ -4,11 +4,21 @@ the same seed gives identical metrics tables."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
 import pandas as pd
+import psutil
 import pytest
+import torch
+import yaml
 
 from conftest import REPO
-from workflow_harness import jobs_run, prepare_workdir, snakemake
+from workflow_harness import SNAKEMAKE, jobs_run, prepare_workdir, snakemake
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -74,3 +84,171 @@ def test_readme_library_example_runs(two_runs, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert re.search(r"ISM 0\.\d+, accuracy (1\.000|0\.9\d\d)", printed) and "anchor" in printed
     assert re.search(r"^\s*20\s", printed, re.M)  # the loss log reached step 20
+
+
+# --- reruns, interruption and failing jobs on the finished reduced pipeline -----------------------------------------
+# They continue from the fixture's finished workdirs, in file order (each also runs alone with -k): b is as the
+# fixture left it until the last test here adds a run to it; a holds test_rerun_...'s config (or QUICK, under -k).
+
+def _config(workdir: Path, name: str, overrides: dict) -> Path:
+    """A config file like prepare_workdir's, under its own name (the fixture's config.yaml is left alone)."""
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg.update({"data_dir": str(workdir / "data"), "results_dir": str(workdir / "results")})
+    for key, value in overrides.items():
+        cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
+    path = workdir / "config" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _jobs(proc) -> dict[str, list[str]]:
+    """rule -> sorted 'run/identity' (or '') of every job a run executed or a dry run would execute."""
+    out: dict[str, list[str]] = {}
+    for rule, wildcards in jobs_run(proc):
+        wc = dict(part.split("=", 1) for part in wildcards.split(", ") if "=" in part)
+        key = "/".join(wc[k] for k in ("run", "identity") if k in wc)
+        out.setdefault(rule, []).append(key)
+    return {rule: sorted(keys) for rule, keys in out.items()}
+
+
+def _identities(workdir: Path) -> set[int]:
+    return set(pd.read_parquet(workdir / "results" / "selection" / "selections.parquet")["forget_identity"].astype(int))
+
+
+def _identity(workdir: Path) -> int:
+    (identity,) = _identities(workdir)
+    return identity
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL Snakemake and every process below it at once, as a crashed node or a scheduler would."""
+    if proc.poll() is not None:
+        return
+    root = psutil.Process(proc.pid)
+    seen: list[psutil.Process] = []
+    while True:  # freeze the tree first, so that nothing new is started between listing and killing
+        tree = [root, *root.children(recursive=True)]
+        new = [p for p in tree if p not in seen]
+        if not new:
+            break
+        for p in new:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGSTOP)
+        seen += new
+    for p in seen:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait(timeout=60)
+    psutil.wait_procs(seen, timeout=60)
+
+
+def _outputs_from(proc) -> list[Path]:
+    """Output files of every job a dry run lists."""
+    return [Path(f) for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("    output: ")
+            for f in line.removeprefix("    output: ").split(", ")]
+
+
+def test_killed_unlearning_job_resumes_and_ends_where_the_uninterrupted_run_did(two_runs, tmp_path):
+    workdir, cfg, _ = two_runs[1]  # the fixture's uninterrupted run of QUICK
+    res, identity = workdir / "results", _identity(workdir)
+    run_dir, after = res / "unlearning" / "piu" / str(identity), res / "evaluation" / "after" / "piu" / str(identity)
+    outputs = [run_dir / name for name in ("changed_parameters.safetensors", "losses.parquet", "timings.json")]
+    expected = {p: p.read_bytes() for p in [outputs[0], after / "metrics.json", *(res / "tables").glob("*.csv")]
+                if p.name != "costs.csv"}  # costs.csv holds wall times
+    expected_losses = pd.read_parquet(outputs[1]).drop(columns="seconds")
+    state = run_dir / "resume_state.pt"
+    assert not state.exists()  # a finished job removes its resume point
+
+    # back to where a first run stands when it reaches unlearning: no output of unlearn or of any job after it
+    downstream = _outputs_from(snakemake(workdir, "--dry-run", "--forcerun", "unlearn", configfile=cfg))
+    assert set(outputs) <= set(downstream) and (res / "tables" / "metrics.csv") in downstream
+    for path in downstream:
+        path.unlink()
+    # run the workflow (QUICK: 6 steps, a resume point every 3) and kill everything once step 3 is saved
+    cmd = [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", "2",
+           "--configfile", str(cfg)]
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            deadline = time.monotonic() + 600
+            while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ended = proc.poll() is not None
+        finally:
+            _kill_tree(proc)
+    assert not ended and state.exists(), "no resume point while Snakemake ran:\n" + \
+        (tmp_path / "killed.log").read_text()[-3000:]
+    assert not any(p.exists() for p in downstream), "the job finished before it was killed; the test needs more steps"
+    assert torch.load(state, weights_only=True)["step"] == 3
+
+    # a crash leaves Snakemake's lock behind; after --unlock a plain rerun (no --rerun-incomplete: Snakemake finds no
+    # output of the killed job, half-written or not) resumes at step 3 and ends with the same bytes
+    snakemake(workdir, "--unlock", configfile=cfg)
+    ran = _jobs(snakemake(workdir, configfile=cfg))
+    assert ran["unlearn"] == [f"piu/{identity}"], ran
+    log_text = (res / "logs" / "unlearn" / "piu" / f"{identity}.log").read_text()
+    assert f"resumed at step 3 from {state}" in log_text, log_text[-2000:]
+    assert not state.exists()
+    for path, content in expected.items():
+        assert path.read_bytes() == content, f"{path.relative_to(res)} differs from the uninterrupted run"
+    pd.testing.assert_frame_equal(pd.read_parquet(outputs[1]).drop(columns="seconds"), expected_losses,
+                                  check_exact=True)
+
+
+def test_diverging_and_misnamed_runs_fail_with_a_clear_message_and_no_output(two_runs):
+    workdir, _, _ = two_runs[1]
+    res, identity = workdir / "results", _identity(workdir)
+    piu = QUICK["unlearning"]["runs"]["piu"]
+    bad = _config(workdir, "bad_runs", {**QUICK, "unlearning": {"runs": {
+        "piu": piu, "diverge": {**piu, "lr": 1e30}, "typo": {**piu, "method": "nope"}}}})
+    targets = [str(res / "unlearning" / run / str(identity) / "timings.json") for run in ("diverge", "typo")]
+    proc = snakemake(workdir, "--keep-going", *targets, configfile=bad, check=False)
+    assert proc.returncode != 0 and (proc.stdout + proc.stderr).count("Error in rule unlearn") == 2
+    for run, message in (("diverge", "non-finite loss (forget nan"),
+                         ("typo", "unlearning method 'nope' is unknown; use one of piu")):
+        log = res / "logs" / "unlearn" / run / f"{identity}.log"
+        text = proc.stdout + proc.stderr + (log.read_text() if log.exists() else "")
+        assert message in text, (run, text[-3000:])
+        folder = res / "unlearning" / run / str(identity)
+        assert not folder.exists() or not any(folder.iterdir()), (run, list(folder.iterdir()))
+    # the diverging run stopped on the loss check of a training step (after one AdamW step at lr 1e30), not in setup
+    assert "FloatingPointError" in (res / "logs" / "unlearn" / "diverge" / f"{identity}.log").read_text()
+
+
+def test_new_run_and_one_changed_hyperparameter_rerun_only_that_runs_jobs(two_runs):
+    workdir = two_runs[1][0]
+    identity = _identity(workdir)
+    piu = QUICK["unlearning"]["runs"]["piu"]
+
+    def two_runs_config(lam: float) -> Path:
+        return _config(workdir, f"two_runs_{lam}", {**QUICK, "unlearning": {"runs": {
+            "piu": piu, "piu_low": {**piu, "lambda": lam}}}})
+
+    only_piu_low = {"unlearn": [f"piu_low/{identity}"], "evaluate_unlearned": [f"piu_low/{identity}"],
+                    "sample_grids": [f"piu_low/{identity}"], "aggregate": [""], "all": [""]}
+    assert _jobs(snakemake(workdir, configfile=two_runs_config(1.0))) == only_piu_low  # a new run: only its jobs
+    # one hyperparameter of one run changed: that run's unlearning, evaluation and grids, and the tables
+    dry = snakemake(workdir, "--dry-run", configfile=two_runs_config(2.0))
+    assert _jobs(dry) == only_piu_low, dry.stdout[-3000:]
+    assert "Params have changed since last execution" in dry.stdout + dry.stderr
+
+
+def test_one_more_forget_identity_runs_only_its_jobs(two_runs):
+    workdir = two_runs[0][0]
+    current = workdir / "config" / "config.yaml"  # up to date: QUICK with 5 retain samples (or QUICK, under -k)
+    before = pd.read_csv(workdir / "results" / "tables" / "metrics.csv")
+    (old,) = before["forget_identity"]
+    cfg = yaml.safe_load(current.read_text())
+    cfg["selection"]["n_forget"] = 2
+    more = workdir / "config" / "two_identities.yaml"
+    more.write_text(yaml.safe_dump(cfg))
+    ran = _jobs(snakemake(workdir, configfile=more))
+    new = _identities(workdir) - {old}
+    assert len(new) == 1
+    (new,) = new
+    per_identity = {"identity_sheet": [f"{new}"], "evaluate_original": [f"{new}"], "unlearn": [f"piu/{new}"],
+                    "evaluate_unlearned": [f"piu/{new}"], "sample_grids": [f"piu/{new}"]}
+    assert ran == {**per_identity, "select_experiments": [""], "aggregate": [""], "all": [""]}, ran
+    after = pd.read_csv(workdir / "results" / "tables" / "metrics.csv").set_index("forget_identity")
+    pd.testing.assert_series_equal(after.loc[old], before.set_index("forget_identity").loc[old], check_exact=True)
