@@ -60,3 +60,20 @@ def test_bad_sweeps_name_the_key():
         validate_config({"unlearning": {"sweeps": {"x": {"run": "nope", "key": "lambda", "values": [1]}}}})
     with pytest.raises(ConfigError, match="lambda"):
         validate_config({"unlearning": {"sweeps": {"x": {"run": "piu", "key": "lambda", "values": ["big"]}}}})
+
+
+def test_schema_method_and_optimiser_names_are_the_registries():
+    from idunlearn.config import load_schema
+    from idunlearn.unlearning import METHODS
+    from idunlearn.unlearning.optimisers import OPTIMISERS
+    unlearning = load_schema()["properties"]["unlearning"]["properties"]
+    per_run = unlearning["runs"]["additionalProperties"]["properties"]
+    for key, registry in (("method", METHODS), ("optimiser", OPTIMISERS)):
+        assert unlearning["defaults"]["properties"][key]["enum"] == list(registry)
+        assert per_run[key]["enum"] == list(registry)
+
+
+def test_unknown_method_or_optimiser_names_the_run_before_any_job():
+    for key, value in (("method", "nope"), ("optimiser", "adam")):
+        with pytest.raises(ConfigError, match=rf"config key 'unlearning.runs.typo.{key}': '{value}' is not one of"):
+            validate_config({"unlearning": {"runs": {"piu": {}, "typo": {key: value}}}})

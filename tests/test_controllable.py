@@ -21,9 +21,17 @@ def test_controllable_expands_phase_one_and_two_runs_in_completeness_order():
     phase2 = run_config(cfg, "piu.eps_0.25")
     assert phase2["optimiser"] == "epsilon_constrained" and phase2["epsilon_phase"] == "controlled"
     assert phase2["epsilon_fraction"] == 0.25 and phase2["steps"] == 10 and phase2["eta"] == 2.0
-    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "lowest"
+    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "original"
     assert epsilon_boundary_runs(cfg, "piu.eps_0.25") == ["piu.eps_highest", "piu.eps_lowest"]
     assert epsilon_boundary_runs(cfg, "piu") == [] and epsilon_boundary_runs(cfg, "piu.eps_highest") == []
+
+
+def test_the_lowest_boundary_is_the_original_model_or_the_papers_phase_one_run():
+    cfg = validate_config({"unlearning": {"runs": {"piu": {}}, "controllable": {
+        "piu": {"fractions": [0.5], "lowest": "phase_one"}}}})
+    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "lowest"
+    with pytest.raises(ConfigError, match="unlearning.controllable.piu.lowest"):
+        validate_config({"unlearning": {"controllable": {"piu": {"fractions": [0.5], "lowest": "zero"}}}})
 
 
 def test_bad_controllable_settings_name_the_key():

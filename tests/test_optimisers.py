@@ -101,6 +101,16 @@ def test_epsilon_constrained_lowest_phase_exchanges_the_roles_of_f1_and_f2():
     assert row["eta_t"] > 0
 
 
+def test_epsilon_constrained_original_phase_logs_both_objectives_and_leaves_the_model_alone():
+    params = _params([0.3, -0.2])
+    opt = build_optimiser(params, {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "original"})
+    for _ in range(3):
+        row = opt.step(_linear(params, np.array([1.0, -2.0]), np.array([0.5, 1.0])))
+    np.testing.assert_array_equal(params[0].detach().numpy(), [0.3, -0.2])
+    assert row["forget_loss"] == pytest.approx(0.3 + 0.4) and row["retain_loss"] == pytest.approx(0.15 - 0.2)
+    assert row["backward_passes"] == 0
+
+
 def _run(opt, params, f1, f2, steps=(2000, 2000), lrs=(1e-2, 1e-3)):
     """AdamW steps at a falling learning rate (the test's schedule), returning the first parameter."""
     for n, lr in zip(steps, lrs):

@@ -200,20 +200,22 @@ def test_diverging_and_misnamed_runs_fail_with_a_clear_message_and_no_output(two
     workdir, _, _ = two_runs[1]
     res, identity = workdir / "results", _identity(workdir)
     piu = QUICK["unlearning"]["runs"]["piu"]
-    bad = _config(workdir, "bad_runs", {**QUICK, "unlearning": {"runs": {
-        "piu": piu, "diverge": {**piu, "lr": 1e30}, "typo": {**piu, "method": "nope"}}}})
-    targets = [str(res / "unlearning" / run / str(identity) / "timings.json") for run in ("diverge", "typo")]
-    proc = snakemake(workdir, "--keep-going", *targets, configfile=bad, check=False)
-    assert proc.returncode != 0 and (proc.stdout + proc.stderr).count("Error in rule unlearn") == 2
-    for run, message in (("diverge", "non-finite loss (forget nan"),
-                         ("typo", "unlearning method 'nope' is unknown; use one of piu")):
-        log = res / "logs" / "unlearn" / run / f"{identity}.log"
-        text = proc.stdout + proc.stderr + (log.read_text() if log.exists() else "")
-        assert message in text, (run, text[-3000:])
-        folder = res / "unlearning" / run / str(identity)
-        assert not folder.exists() or not any(folder.iterdir()), (run, list(folder.iterdir()))
-    # the diverging run stopped on the loss check of a training step (after one AdamW step at lr 1e30), not in setup
-    assert "FloatingPointError" in (res / "logs" / "unlearn" / "diverge" / f"{identity}.log").read_text()
+    # a misnamed method stops snakemake while it reads the config, before any job
+    typo = _config(workdir, "typo_run", {**QUICK, "unlearning": {"runs": {"piu": piu, "typo": {**piu, "method": "nope"}}}})
+    proc = snakemake(workdir, "-n", configfile=typo, check=False)
+    assert proc.returncode != 0
+    assert "config key 'unlearning.runs.typo.method': 'nope' is not one of" in proc.stdout + proc.stderr
+    assert not (res / "unlearning" / "typo").exists()
+    # a diverging run fails in its job, on the loss check of a training step (after one AdamW step at lr 1e30)
+    diverge = _config(workdir, "diverging_run", {**QUICK, "unlearning": {"runs": {"piu": piu, "diverge": {**piu, "lr": 1e30}}}})
+    target = str(res / "unlearning" / "diverge" / str(identity) / "timings.json")
+    proc = snakemake(workdir, target, configfile=diverge, check=False)
+    assert proc.returncode != 0 and "Error in rule unlearn" in proc.stdout + proc.stderr
+    log = (res / "logs" / "unlearn" / "diverge" / f"{identity}.log").read_text()
+    assert "FloatingPointError" in log and "non-finite loss (forget nan" in log, log[-3000:]
+    assert "lower config key 'lr'" in log, log[-3000:]
+    folder = res / "unlearning" / "diverge" / str(identity)
+    assert not folder.exists() or not any(folder.iterdir()), list(folder.iterdir())
 
 
 def test_new_run_and_one_changed_hyperparameter_rerun_only_that_runs_jobs(two_runs):

@@ -70,7 +70,8 @@ EPSILON_BOUNDARIES = ("highest", "lowest")
 def controllable_runs(config: dict) -> dict[str, list[tuple[str, str, dict]]]:
     """Controllable unlearning (epsilon-constrained paper, Section 4.3) of each configured base run: (point,
     run name, run settings) in order of decreasing completeness: Phase I ``highest``, the Phase II fractions
-    (epsilon at that fraction of the range from the highest to the lowest boundary), Phase I ``lowest``."""
+    (epsilon at that fraction of the range from the highest to the lowest boundary), the ``lowest`` boundary (the
+    original model by default, see the schema's ``controllable.lowest``)."""
     unlearning, out = config["unlearning"], {}
     for base, spec in unlearning.get("controllable", {}).items():
         if base not in unlearning["runs"]:
@@ -79,7 +80,8 @@ def controllable_runs(config: dict) -> dict[str, list[tuple[str, str, dict]]]:
         points = [("highest", f"{base}.eps_highest", {**settings, "epsilon_phase": "highest"})]
         points += [(str(f), f"{base}.eps_{f}", {**settings, "epsilon_phase": "controlled", "epsilon_fraction": f})
                    for f in sorted(spec["fractions"])]
-        points.append(("lowest", f"{base}.eps_lowest", {**settings, "epsilon_phase": "lowest"}))
+        lowest = {"original": "original", "phase_one": "lowest"}[spec["lowest"]]
+        points.append(("lowest", f"{base}.eps_lowest", {**settings, "epsilon_phase": lowest}))
         out[base] = points
     return out
 

@@ -29,7 +29,7 @@ import torch
 from .base import Objectives
 
 VARPI = 1e-7  # numerical stability variable of the epsilon-constrained Algorithm 1 (line 1)
-EPSILON_PHASES = ("highest", "lowest", "controlled")
+EPSILON_PHASES = ("highest", "lowest", "controlled", "original")
 
 
 def flat_grad(loss: torch.Tensor, params: list[torch.nn.Parameter], retain_graph: bool = False) -> torch.Tensor:
@@ -226,7 +226,10 @@ class EpsilonConstrained(Optimiser):
 
     - ``highest`` (Phase I, highest unlearning completeness, epsilon = f1*): psi = alpha ||grad f1||^delta1;
     - ``lowest`` (Phase I, lowest completeness): the same with the roles of f1 and f2 exchanged;
-    - ``controlled`` (Phase II): psi = beta (f1 - epsilon)^delta2 ||grad f1||^2, delta2 odd.
+    - ``controlled`` (Phase II): psi = beta (f1 - epsilon)^delta2 ||grad f1||^2, delta2 odd;
+    - ``original``: no update, only f1 and f2 logged on the run's batches. The lowest-completeness boundary when f2
+      is already at its infimum at the original model (PIU's preservation loss is 0 there): the paper's
+      min f1 s.t. f2 <= f2* then admits no change a first-order step can find, since grad f2 = 0 at the start.
 
     Config: ``epsilon_alpha`` (alpha), ``epsilon_phase1_delta`` (delta1 >= 1), ``epsilon_beta`` (beta),
     ``epsilon_phase2_delta`` (delta2), ``epsilon`` (Phase II's absolute bound on f1; see ``epsilon_at``).
@@ -257,6 +260,8 @@ class EpsilonConstrained(Optimiser):
 
     def step(self, objectives: Objectives) -> dict:
         self._check(objectives, need_retain=True)
+        if self.phase == "original":
+            return self._row(objectives, objectives.retain.item(), 0)
         g_forget, g_retain = self._gradients(objectives)
         if self.phase == "lowest":  # min f1 s.t. f2 <= f2*: the constrained objective is the retain objective
             g1, g2, f1, f2 = g_retain, g_forget, objectives.retain.item(), objectives.forget.item()

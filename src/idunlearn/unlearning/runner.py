@@ -52,7 +52,11 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
     for step in tqdm(range(step + 1, cfg["steps"] + 1), initial=step, total=cfg["steps"], desc=method.name,
                      unit="step"):
         tick = time.perf_counter()
-        row = optimiser.step(method.objectives(generator, teacher, data, rng, gen))
+        try:
+            row = optimiser.step(method.objectives(generator, teacher, data, rng, gen))
+        except FloatingPointError as err:  # name the step and what to change
+            raise FloatingPointError(f"unlearning step {step} of {cfg['steps']}: {err}; lower config key 'lr' "
+                                     f"(now {cfg['lr']}) or set 'grad_clip'") from err
         rows.append({"step": step, **row, "seconds": time.perf_counter() - tick})
         if step % cfg["checkpoint_every"] == 0 and step < cfg["steps"]:
             _save_state(state_path, trainable, optimiser, rng, gen, rows, step)
