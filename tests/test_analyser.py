@@ -4,26 +4,9 @@ from PIL import Image
 
 from idunlearn.data import acquire_folder
 from idunlearn.faces.align import ARCFACE_TEMPLATE_112, align_face, similarity_transform
-from idunlearn.faces.analyser import Detection, FaceAnalyser, load_rgb
+from idunlearn.faces.analyser import load_rgb
 
-from badfiles import write_bad_files
-
-
-class StubAnalyser(FaceAnalyser):
-    """Finds a 'face' wherever the image is pure magenta; embeds by mean colour."""
-
-    name, embedding_dim = "stub", 3
-
-    def detect(self, image):
-        ys, xs = np.nonzero(np.all(image == (255, 0, 255), axis=-1))
-        if len(xs) == 0:
-            return []
-        box = np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], float)
-        scale = (box[2] - box[0]) / 112
-        return [Detection(box, 0.99, box[:2] + ARCFACE_TEMPLATE_112 * scale)]
-
-    def embed(self, faces):
-        return faces.reshape(len(faces), -1, 3).mean(1) + 1.0
+from badfiles import StubAnalyser, write_bad_files
 
 
 def test_similarity_transform_recovers_a_known_transform():

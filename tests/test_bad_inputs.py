@@ -15,33 +15,14 @@ from idunlearn.assets import AssetError
 from idunlearn.config import ConfigError, validate_config
 from idunlearn.evaluation.samples import evaluation_set
 from idunlearn.experiment import unlearning_data
-from idunlearn.faces.align import ARCFACE_TEMPLATE_112
-from idunlearn.faces.analyser import Detection, FaceAnalyser
 from idunlearn.faces.offline import OfflineFaceAnalyser
 from idunlearn.identities import identity_centroids, l2_normalise
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.selection import select_anchor, select_experiments, split_count
 from idunlearn.unlearning.runner import apply_changed_parameters, save_changed_parameters
 
-
-class StubAnalyser(FaceAnalyser):
-    """Finds a 'face' wherever the image is pure magenta; embeds by mean colour (as in test_analyser.py)."""
-
-    name, embedding_dim = "stub", 3
-
-    def detect(self, image):
-        ys, xs = np.nonzero(np.all(image == (255, 0, 255), axis=-1))
-        if len(xs) == 0:
-            return []
-        box = np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], float)
-        return [Detection(box, 0.99, box[:2] + ARCFACE_TEMPLATE_112 * (box[2] - box[0]) / 112)]
-
-    def embed(self, faces):
-        return faces.reshape(len(faces), -1, 3).mean(1) + 1.0
-
-
-TINY = {"image_size": 8, "text_width": 32, "text_heads": 2, "block_out_channels": [32, 32, 32, 32],
-        "layers_per_block": 1}
+from badfiles import StubAnalyser
+from tiny_world import TINY
 
 
 def _world(sizes: list[int], dim: int = 16, seed: int = 0):

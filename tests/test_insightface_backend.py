@@ -20,6 +20,8 @@ from idunlearn.faces.insightface_backend import (
     download_paper_face_models,
 )
 
+from tiny_onnx import pooled_linear_onnx
+
 
 def face_landmarks(box):
     """ArcFace template landmarks fitted into ``box`` (x1, y1, x2, y2)."""
@@ -215,18 +217,7 @@ def tiny_scrfd(path):
 
 
 def tiny_arcface(path):
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    weight = np.random.default_rng(0).normal(size=(3, 512)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("GlobalAveragePool", ["data"], ["pooled"]),
-         helper.make_node("Flatten", ["pooled"], ["flat"]),
-         helper.make_node("MatMul", ["flat", "proj"], ["fc1"])],
-        "tiny_arcface",
-        [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", 3, 112, 112])],
-        [helper.make_tensor_value_info("fc1", TensorProto.FLOAT, ["N", 512])],
-        [numpy_helper.from_array(weight, "proj")])
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    pooled_linear_onnx(path, np.random.default_rng(0).normal(size=(3, 512)), "data", "fc1", "tiny_arcface")
 
 
 def test_from_dir_loads_insightface_models_end_to_end(tmp_path):

@@ -6,20 +6,12 @@ from idunlearn.evaluation.metrics import run_metrics
 from idunlearn.evaluation.quality import DetectorScoreQuality, EDifFIQAQuality, build_quality
 from idunlearn.faces.align import ARCFACE_TEMPLATE_112, align_face
 
+from tiny_onnx import pooled_linear_onnx
+
 
 def tiny_quality_model(path, weights):
     """An ONNX 'quality model': per-channel global mean, then a dot product with ``weights`` -> (N, 1)."""
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    graph = helper.make_graph(
-        [helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
-         helper.make_node("Flatten", ["pooled"], ["flat"]),
-         helper.make_node("MatMul", ["flat", "w"], ["score"])],
-        "tiny_quality",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 112, 112])],
-        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["N", 1])],
-        [numpy_helper.from_array(np.asarray(weights, np.float32).reshape(3, 1), "w")])
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    pooled_linear_onnx(path, np.reshape(weights, (3, 1)), "input", "score", "tiny_quality")
 
 
 def test_ediffiqa_scores_faces_in_minus_one_to_one_nchw(tmp_path):

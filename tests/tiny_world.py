@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
 from idunlearn.models.mini import build_mini_generator
+from idunlearn.unlearning import build_method
 from idunlearn.unlearning.base import UnlearningData
+from idunlearn.unlearning.runner import unlearn
 
 TINY = {"image_size": 8, "text_width": 32, "text_heads": 2, "block_out_channels": [32, 32, 32, 32],
         "layers_per_block": 1}
@@ -33,3 +37,18 @@ def tiny_data(dim: int = 16, seed: int = 0, latents: bool = False) -> Unlearning
 def tiny_generator(seed: int = 0):
     torch.manual_seed(seed)
     return build_mini_generator(TINY)
+
+
+def straight_and_resumed(base, data: UnlearningData, run: dict, tmp_path, seed: int = 5):
+    """Unlearn a copy of ``base`` straight through, and another one interrupted after step 2 (a saved state) and
+    resumed; assert both end with the same weights. Returns (straight model, straight log, resumed log)."""
+    straight = copy.deepcopy(base)
+    log_full, _ = unlearn(straight, build_method(run["method"], run), data, run, tmp_path / "a.pt", seed=seed)
+    interrupted = copy.deepcopy(base)
+    unlearn(interrupted, build_method(run["method"], run), data, {**run, "steps": 2, "checkpoint_every": 1},
+            tmp_path / "b.pt", seed=seed)
+    resumed = copy.deepcopy(base)
+    log_resumed, _ = unlearn(resumed, build_method(run["method"], run), data, run, tmp_path / "b.pt", seed=seed)
+    for (n, a), (_, b) in zip(straight.unet.named_parameters(), resumed.unet.named_parameters()):
+        torch.testing.assert_close(a, b, msg=n)
+    return straight, log_full, log_resumed

@@ -17,23 +17,31 @@ from pathlib import Path
 HELP = "Time PIU steps on a random-weight Arc2Face (paper) or a tiny Arc2Face-shaped model; writes JSON."
 
 
-def add_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--preset", choices=("paper", "tiny"), default="paper",
-                        help="paper: real-size UNet, batch 32+32, 400 steps projected; tiny: CPU-sized model")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compilation happens here)")
+def _shared_arguments(parser: argparse.ArgumentParser, preset: str, preset_help: str, what: str,
+                      output_name: str) -> argparse.ArgumentParser:
+    """The arguments both benchmarks take; ``what`` says what a timed step is."""
+    parser.add_argument("--preset", choices=("paper", "tiny"), default=preset, help=preset_help)
+    parser.add_argument("--steps", type=int, default=5, help=f"timed {what} (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=1, help=f"untimed {what} first (compilation happens here)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: autocast forwards, fp32 master weights")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the student and teacher UNets")
     parser.add_argument("--regime", choices=("surgical", "all_cross_attention", "full"), default="surgical")
     parser.add_argument("--forget-batch", type=int, default=None, help="default: the preset's")
     parser.add_argument("--retain-batch", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--projected-steps", type=int, default=None, help="steps per identity (default: preset's)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None,
-                        help="JSON path (default results/benchmarks/piu_<preset>_<device>_<dtype>_<time>.json)")
+                        help=f"JSON path (default results/benchmarks/{output_name}_<preset>_<device>_<dtype>_"
+                             "<time>.json)")
+    return parser
+
+
+def add_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _shared_arguments(parser, "paper", "paper: real-size UNet, batch 32+32, 400 steps projected; tiny: CPU-sized model",
+                      "steps", "piu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the student and teacher UNets")
+    parser.add_argument("--projected-steps", type=int, default=None, help="steps per identity (default: preset's)")
     return parser
 
 
@@ -67,23 +75,11 @@ OPTIMISER_HELP = ("Compare the optimisers (weighted sum, EUPMU, EUPMU-fast, expl
 
 
 def add_optimiser_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--preset", choices=("paper", "tiny"), default="tiny",
-                        help="paper: real-size UNet, batch 32+32; tiny: CPU-sized model, batch 4+4")
+    _shared_arguments(parser, "tiny", "paper: real-size UNet, batch 32+32; tiny: CPU-sized model, batch 4+4",
+                      "steps per optimiser", "optimisers")
     parser.add_argument("--optimisers", nargs="+", default=None,
                         help="optimiser names (default: weighted_sum eupmu eupmu_fast unilateral_surgery "
                              "epsilon_constrained)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per optimiser (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per optimiser first")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                        help="bf16: autocast forwards, fp32 master weights")
-    parser.add_argument("--regime", choices=("surgical", "all_cross_attention", "full"), default="surgical")
-    parser.add_argument("--forget-batch", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--retain-batch", type=int, default=None, help="default: the preset's")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=None,
-                        help="JSON path (default results/benchmarks/optimisers_<preset>_<device>_<dtype>_<time>.json)")
     return parser
 
 

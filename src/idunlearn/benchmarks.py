@@ -95,6 +95,27 @@ def _plain_attention(*unets):
             unet.set_attn_processor(processors)
 
 
+def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int, regime: str,
+           device: str | torch.device, dtype: str, warmup: int, settings: dict | None, seed: int):
+    """What both benchmarks share, as in runner.unlearn: checked arguments, run settings, random data on the
+    device, a frozen teacher copy, the regime's trainable parameters, and the autocast context for ``dtype``
+    (bf16: bf16 forward passes with fp32 parameters, gradients and AdamW state)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is unknown: use one of {', '.join(DTYPES)}")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
+    device = torch.device(device)
+    cfg = {**default_run_settings(), **(settings or {}), "regime": regime, "forget_batch": forget_batch,
+           "retain_batch": retain_batch}
+    generator.to(device)
+    data = random_unlearning_data(n_forget=10, n_retain=200, seed=seed)
+    generator.requires_grad_(False)
+    teacher = copy.deepcopy(generator.unet).eval()
+    params = list(select_trainable(generator.unet, regime, cfg["surgical_blocks"]).values())
+    autocast = partial(torch.autocast, device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext
+    return device, cfg, data, teacher, params, autocast
+
+
 def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int,
                   regime: str = "surgical", device: str | torch.device = "cuda", dtype: str = "fp32",
                   compile: bool = False, *, warmup: int = 1, projected_steps: int = 400,
@@ -106,24 +127,11 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
     steps at batches (1, 1), (2, 1) and (1, 2), extrapolated linearly (every cost of a step is per-sample except
     the optimiser update, which counts no FLOPs); text-encoder SDPA attention is not counted on CPU (<1% of a step).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is unknown: use one of {', '.join(DTYPES)}")
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
-    device = torch.device(device)
-    cfg = {**default_run_settings(), **(settings or {}), "regime": regime, "forget_batch": forget_batch,
-           "retain_batch": retain_batch}
-    generator.to(device)
-    data = random_unlearning_data(n_forget=10, n_retain=200, seed=seed)
+    device, cfg, data, teacher, params, autocast = _setup(generator, steps, forget_batch, retain_batch, regime,
+                                                          device, dtype, warmup, settings, seed)
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
-    # as runner.unlearn: frozen teacher copy, regime's trainable set, the configured optimiser
-    generator.requires_grad_(False)
-    teacher = copy.deepcopy(generator.unet).eval()
-    trainable = select_trainable(generator.unet, regime, cfg["surgical_blocks"])
-    optimiser = build_optimiser(list(trainable.values()), cfg)
+    optimiser = build_optimiser(params, cfg)
     generator.unet.train()
-    # bf16: mixed precision, bf16 forward passes with fp32 parameters, gradients and AdamW state
-    autocast = partial(torch.autocast, device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext
 
     def step(n_forget: int, n_retain: int) -> None:
         method = build_method(cfg["method"], {**cfg, "forget_batch": n_forget, "retain_batch": n_retain})
@@ -171,7 +179,7 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
         "flops_per_sample": {"base_1_1": int(base), "forget": int(per_forget), "retain": int(per_retain)},
         "achieved_tflops": flops / per_step / 1e12,
         "unet_parameters": sum(p.numel() for p in generator.unet.parameters()),
-        "trainable_parameters": sum(p.numel() for p in trainable.values()),
+        "trainable_parameters": sum(p.numel() for p in params),
         "settings": {k: cfg[k] for k in ("method", "optimiser", "eta", "lambda", "lr", "weight_decay")},
         "machine": machine_info(device), "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
@@ -250,24 +258,13 @@ def benchmark_optimisers(generator: IdentityGenerator, steps: int, forget_batch:
     ratios to ``weighted_sum``, backward and extra forward passes per step (as the optimiser counts them), the peak
     memory of a step and its rise over the memory in use before the step.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is unknown: use one of {', '.join(DTYPES)}")
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
     unknown = [name for name in optimisers if name not in OPTIMISERS]
     if unknown or not optimisers:
         raise ValueError(f"optimisers {unknown} are unknown: use some of {', '.join(OPTIMISERS)}")
-    device = torch.device(device)
-    cfg = {**default_run_settings(), **(settings or {}), "regime": regime, "forget_batch": forget_batch,
-           "retain_batch": retain_batch}
-    generator.to(device)
-    data = random_unlearning_data(n_forget=10, n_retain=200, seed=seed)
-    generator.requires_grad_(False)
-    teacher = copy.deepcopy(generator.unet).eval()
-    params = list(select_trainable(generator.unet, regime, cfg["surgical_blocks"]).values())
+    device, cfg, data, teacher, params, autocast = _setup(generator, steps, forget_batch, retain_batch, regime,
+                                                          device, dtype, warmup, settings, seed)
     initial = [p.detach().clone() for p in params]
     method = build_method(cfg["method"], cfg)
-    autocast = partial(torch.autocast, device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext
     runs = {name: {"optimiser": build_optimiser(params, {**cfg, "optimiser": name}),
                    "weights": [w.clone() for w in initial], "rng": np.random.default_rng(seed),
                    "gen": torch.Generator().manual_seed(seed), "rows": [], "seconds": [], "peak": [], "rise": []}

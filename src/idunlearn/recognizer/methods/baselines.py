@@ -19,26 +19,27 @@ from .common import Problem, adam, ce, epoch_batches, fresh_copy, frozen_copy, r
 _FT, _GA, _RL, _SALUN, _SCRUB, _L1 = 41, 42, 43, 44, 45, 46
 
 
-def finetune(original, problem: Problem, settings: dict, seed: int):
-    """FT: cross-entropy on D_r for ``epochs`` passes over D_r."""
-    model, rng = fresh_copy(original), np.random.default_rng([seed, _FT])
+def _cross_entropy_passes(original, x, y, sign: float, settings: dict, rng: np.random.Generator, desc: str):
+    """``epochs`` passes over (x, y) with Adam on sign x cross-entropy (+1 descends, -1 ascends)."""
+    model = fresh_copy(original)
     opt = adam(model.parameters(), settings["lr"])
     model.train()
-    for _ in tqdm(range(settings["epochs"]), desc="ft", mininterval=5, leave=False):
-        for idx in epoch_batches(len(problem.y_retain), settings["batch_size"], rng):
-            step(opt, ce(model, problem.x_retain[idx], problem.y_retain[idx]))
+    for _ in tqdm(range(settings["epochs"]), desc=desc, mininterval=5, leave=False):
+        for idx in epoch_batches(len(y), settings["batch_size"], rng):
+            step(opt, sign * ce(model, x[idx], y[idx]))
     return model.eval(), {}
+
+
+def finetune(original, problem: Problem, settings: dict, seed: int):
+    """FT: cross-entropy on D_r for ``epochs`` passes over D_r."""
+    return _cross_entropy_passes(original, problem.x_retain, problem.y_retain, 1.0, settings,
+                                 np.random.default_rng([seed, _FT]), "ft")
 
 
 def gradient_ascent(original, problem: Problem, settings: dict, seed: int):
     """GA: maximise the cross-entropy on D_f for ``epochs`` passes over D_f."""
-    model, rng = fresh_copy(original), np.random.default_rng([seed, _GA])
-    opt = adam(model.parameters(), settings["lr"])
-    model.train()
-    for _ in tqdm(range(settings["epochs"]), desc="ga", mininterval=5, leave=False):
-        for idx in epoch_batches(len(problem.y_forget), settings["batch_size"], rng):
-            step(opt, -ce(model, problem.x_forget[idx], problem.y_forget[idx]))
-    return model.eval(), {}
+    return _cross_entropy_passes(original, problem.x_forget, problem.y_forget, -1.0, settings,
+                                 np.random.default_rng([seed, _GA]), "ga")
 
 
 def _relabelled_union(problem: Problem, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
