@@ -65,9 +65,12 @@ def test_pareto_table_summary_and_figure():
                                                  "retain_loss": [0.0, 2.0 - rank]})
     table = pareto_table(points, pd.DataFrame(metrics), losses)
     assert len(table) == 6 and table["f1_forget"].tolist() == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+    # Phase II's bound at fraction 0.5 of [f1(highest), f1(lowest)] = [1, 3] (last step of two: 10% rounds to 1)
+    np.testing.assert_array_equal(table["epsilon"], [np.nan, 2.0, np.nan, np.nan, 2.0, np.nan])
     summary = pareto_summary(table)
     assert summary["point"].tolist() == ["highest", "0.5", "lowest"]
     assert summary["ism_forget_after_mean"].tolist() == pytest.approx([0.04, 0.14, 0.24])
+    assert summary["epsilon_mean"].iloc[1] == 2.0 and summary["epsilon_mean"].iloc[[0, 2]].isna().all()
     assert summary["ism_forget_rank_spearman"].iloc[0] > 0.8  # forget ISM rises as completeness falls
     fig = pareto_figure(table, summary)
     assert len(fig.axes) == 2

@@ -34,15 +34,20 @@ def phase_two_epsilon(fraction: float, highest: pd.DataFrame, lowest: pd.DataFra
 def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame,
                  losses: dict[tuple[str, int], pd.DataFrame]) -> pd.DataFrame:
     """One row per (base run, forget identity, point): completeness rank (0 = highest), f1 and f2 at the end of
-    training, and the evaluation metrics. ``points``: base run -> [(point, run name)] in completeness order;
-    ``losses``: (run, identity) -> loss log."""
+    training, Phase II's bound epsilon on f1 (NaN at the boundaries), and the evaluation metrics. ``points``: base
+    run -> [(point, run name)] in completeness order, the highest boundary first and the lowest last; ``losses``:
+    (run, identity) -> loss log."""
     rows = []
     for base, runs in points.items():
+        highest, lowest = runs[0][1], runs[-1][1]
         for rank, (point, run) in enumerate(runs):
             for rec in metrics[metrics["run"] == run].itertuples():
-                log = losses[(run, rec.forget_identity)]
-                rows.append({"base_run": base, "forget_identity": rec.forget_identity, "point": point, "run": run,
-                             "completeness_rank": rank, "f1_forget": final_objective(log, "forget_loss"),
+                log, identity = losses[(run, rec.forget_identity)], rec.forget_identity
+                bound = (float("nan") if run in (highest, lowest) else
+                         phase_two_epsilon(float(point), losses[(highest, identity)], losses[(lowest, identity)]))
+                rows.append({"base_run": base, "forget_identity": identity, "point": point, "run": run,
+                             "completeness_rank": rank, "epsilon": bound,
+                             "f1_forget": final_objective(log, "forget_loss"),
                              "f2_retain": final_objective(log, "retain_loss"),
                              **{m: getattr(rec, m) for m in PARETO_METRICS}})
     return pd.DataFrame(rows).sort_values(["base_run", "forget_identity", "completeness_rank"]).reset_index(drop=True)
@@ -54,7 +59,7 @@ def pareto_summary(table: pd.DataFrame) -> pd.DataFrame:
     records = []
     for (base, rank, point), group in table.groupby(["base_run", "completeness_rank", "point"], sort=True):
         record = {"base_run": base, "point": point, "completeness_rank": rank, "n_identities": len(group)}
-        for col in ["f1_forget", "f2_retain", *PARETO_METRICS]:
+        for col in ["epsilon", "f1_forget", "f2_retain", *PARETO_METRICS]:
             record[f"{col}_mean"], record[f"{col}_ci95"] = mean_ci(group[col])
         records.append(record)
     summary = pd.DataFrame(records)
