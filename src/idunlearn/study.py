@@ -81,8 +81,29 @@ def _value(table: pd.DataFrame, row: str, metric: str) -> float:
     return float(table.set_index("row").loc[row, metric])
 
 
-def _claim(claim: str, table: str, holds: bool, evidence: str) -> dict:
-    return {"claim": claim, "table": table, "holds": "yes" if holds else "no", "evidence": evidence}
+def _claim(claim: str, table: str, holds: bool, apart: bool, evidence: str) -> dict:
+    """``apart``: the rows the verdict rests on differ by more than the sum of their 95% half widths over forget
+    identities (non-overlapping intervals); otherwise the verdict is within the noise of so few identities."""
+    return {"claim": claim, "table": table, "holds": "yes" if holds else "no",
+            "beyond_noise": "yes" if apart else "no", "evidence": evidence}
+
+
+def _apart(table: pd.DataFrame, row_a: str, row_b: str, metric: str) -> bool:
+    """Whether two rows' 95% intervals of ``metric`` do not overlap."""
+    t = table.set_index("row")
+    gap = abs(float(t.loc[row_a, metric]) - float(t.loc[row_b, metric]))
+    return bool(gap > float(t.loc[row_a, f"{metric}_ci95"]) + float(t.loc[row_b, f"{metric}_ci95"]))
+
+
+def _ends_apart(table: pd.DataFrame, metric: str) -> bool:
+    """A sweep's trend beyond noise: its first and last rows' intervals do not overlap."""
+    return _apart(table, table["row"].iloc[0], table["row"].iloc[-1], metric)
+
+
+def _runner_up(rows: pd.DataFrame, metric: str, largest: bool) -> tuple[str, str]:
+    """The best and the second-best row labels by ``metric``."""
+    ranked = rows.sort_values(metric, ascending=not largest)["row"].tolist()
+    return ranked[0], ranked[1]
 
 
 def _trend(table: pd.DataFrame, metric: str) -> float:
@@ -100,14 +121,14 @@ def _table1_claims(t: pd.DataFrame) -> list[dict]:
         return []
     before_retain = _value(t, BEFORE, "ism_retain") if BEFORE in set(t["row"]) else float("nan")
     piu_retain = _value(t, "PIU", "ism_retain")
-    best = methods.loc[methods["srk"].idxmax(), "row"]
-    lowest = methods.loc[methods["ism_forget"].idxmin(), "row"]
+    best, second = _runner_up(methods, "srk", largest=True)
+    lowest, next_lowest = _runner_up(methods, "ism_forget", largest=False)
     return [
         _claim("PIU reaches the highest SRK of all methods while keeping retain ISM (>= 0.9 x before)", "table1",
-               best == "PIU" and piu_retain >= 0.9 * before_retain,
+               best == "PIU" and piu_retain >= 0.9 * before_retain, _apart(t, best, second, "srk"),
                f"SRK {_fmt(methods, 'srk')}; PIU retain ISM {piu_retain:.3f} vs before {before_retain:.3f}"),
         _claim("PIU has the lowest forget ISM of all methods", "table1", lowest == "PIU",
-               f"forget ISM {_fmt(methods, 'ism_forget')}"),
+               _apart(t, lowest, next_lowest, "ism_forget"), f"forget ISM {_fmt(methods, 'ism_forget')}"),
     ]
 
 
@@ -119,9 +140,9 @@ def _table2_claims(t: pd.DataFrame) -> list[dict]:
     f_pres, f_neg = _value(t, "+ Preservation", "ism_forget"), _value(t, "+ Neg. guidance", "ism_forget")
     return [
         _claim("Adding the preservation term raises retain ISM over naive unlearning", "table2", pres > naive,
-               f"retain ISM naive {naive:.3f}, + preservation {pres:.3f}"),
+               _apart(t, "Naive", "+ Preservation", "ism_retain"), f"retain ISM naive {naive:.3f}, + preservation {pres:.3f}"),
         _claim("Adding negative guidance lowers forget ISM", "table2", f_neg < f_pres,
-               f"forget ISM + preservation {f_pres:.3f}, + negative guidance {f_neg:.3f}"),
+               _apart(t, "+ Preservation", "+ Neg. guidance", "ism_forget"), f"forget ISM + preservation {f_pres:.3f}, + negative guidance {f_neg:.3f}"),
     ]
 
 
@@ -130,11 +151,13 @@ def _table3_claims(t: pd.DataFrame) -> list[dict]:
         return []
     others = t[t["row"] != "0"]
     zero = _value(t, "0", "ism_retain")
+    nearest = others.loc[others["ism_retain"].idxmin(), "row"]
     return [
         _claim("lambda = 0 collapses retain ISM (lowest of the sweep)", "table3", zero < others["ism_retain"].min(),
-               f"retain ISM {_fmt(t, 'ism_retain')}"),
+               _apart(t, "0", nearest, "ism_retain"), f"retain ISM {_fmt(t, 'ism_retain')}"),
         _claim("Larger lambda weakens forgetting (forget ISM rises with lambda)", "table3",
-               _trend(t, "ism_forget") > 0, f"Spearman {_trend(t, 'ism_forget'):+.2f}; forget ISM {_fmt(t, 'ism_forget')}"),
+               _trend(t, "ism_forget") > 0, _ends_apart(t, "ism_forget"),
+               f"Spearman {_trend(t, 'ism_forget'):+.2f}; forget ISM {_fmt(t, 'ism_forget')}"),
     ]
 
 
@@ -143,7 +166,7 @@ def _table4_claims(t: pd.DataFrame) -> list[dict]:
         return []
     rho = _trend(t, "ism_forget")
     return [_claim("A farther anchor (lower tau) forgets more (forget ISM rises with tau)", "table4", rho > 0,
-                   f"Spearman {rho:+.2f}; forget ISM {_fmt(t, 'ism_forget')}")]
+                   _ends_apart(t, "ism_forget"), f"Spearman {rho:+.2f}; forget ISM {_fmt(t, 'ism_forget')}")]
 
 
 def _table5_claims(t: pd.DataFrame) -> list[dict]:
@@ -151,12 +174,14 @@ def _table5_claims(t: pd.DataFrame) -> list[dict]:
         return []
     others = t[t["row"] != "0"]
     rho = _trend(t, "ism_forget")
+    weakest = others.loc[others["ism_forget"].idxmax(), "row"]
+    lowest_srk = others.loc[others["srk"].idxmin(), "row"]
     return [
         _claim("eta = 0 forgets weakly (highest forget ISM and lowest SRK of the sweep)", "table5",
                _value(t, "0", "ism_forget") > others["ism_forget"].max() and _value(t, "0", "srk") < others["srk"].min(),
-               f"forget ISM {_fmt(t, 'ism_forget')}; SRK {_fmt(t, 'srk')}"),
+               _apart(t, "0", weakest, "ism_forget") and _apart(t, "0", lowest_srk, "srk"), f"forget ISM {_fmt(t, 'ism_forget')}; SRK {_fmt(t, 'srk')}"),
         _claim("Larger eta strengthens forgetting (forget ISM falls with eta)", "table5", rho < 0,
-               f"Spearman {rho:+.2f}"),
+               _ends_apart(t, "ism_forget"), f"Spearman {rho:+.2f}; forget ISM {_fmt(t, 'ism_forget')}"),
     ]
 
 
@@ -165,12 +190,13 @@ def _table6_claims(t: pd.DataFrame) -> list[dict]:
         return []
     full = _value(t, "full", "ism_retain")
     rest = t[t["row"] != "full"]["ism_retain"]
+    nearest = t.loc[rest.idxmin(), "row"]
     s_srk, ca_srk = _value(t, "surgical", "srk"), _value(t, "all_cross_attention", "srk")
     return [
         _claim("Fine-tuning the full UNet degrades retain ISM most", "table6", full < rest.min(),
-               f"retain ISM {_fmt(t, 'ism_retain')}"),
+               _apart(t, "full", nearest, "ism_retain"), f"retain ISM {_fmt(t, 'ism_retain')}"),
         _claim("The surgical subset reaches an SRK at least that of all cross-attention layers", "table6",
-               s_srk >= ca_srk, f"SRK surgical {s_srk:.2f}, all cross-attention {ca_srk:.2f}"),
+               s_srk >= ca_srk, _apart(t, "surgical", "all_cross_attention", "srk"), f"SRK surgical {s_srk:.2f}, all cross-attention {ca_srk:.2f}"),
     ]
 
 
@@ -181,15 +207,18 @@ CLAIMS = {"table1": _table1_claims, "table2": _table2_claims, "table3": _table3_
 def check_claims(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per qualitative claim of the paper whose table is configured: holds yes/no, and the numbers."""
     rows = [claim for name, table in tables.items() for claim in CLAIMS[name](table)]
-    return pd.DataFrame(rows, columns=["claim", "table", "holds", "evidence"])
+    return pd.DataFrame(rows, columns=["claim", "table", "holds", "beyond_noise", "evidence"])
 
 
 def claims_markdown(claims: pd.DataFrame, n_identities: int) -> str:
     lines = [f"# Do the PIU paper's claims hold on this world? ({n_identities} forget identities)", "",
              "Generated by idunlearn.study from results/tables/metrics.parquet; every number below is a mean over",
-             "forget identities in the table it names (results/tables/study/<table>.csv).", ""]
+             "forget identities in the table it names (results/tables/study/<table>.csv). \"beyond noise\": the",
+             "rows the verdict rests on have non-overlapping 95% intervals over forget identities; \"within noise\":",
+             "they overlap, so more identities are needed to settle it.", ""]
     for row in claims.itertuples():
-        lines.append(f"- **{row.holds}** — {row.claim} ({row.table}): {row.evidence}")
+        noise = "beyond noise" if row.beyond_noise == "yes" else "within noise"
+        lines.append(f"- **{row.holds}** ({noise}) — {row.claim} ({row.table}): {row.evidence}")
     if claims.empty:
         lines.append("- no claim could be checked: the configured tables lack the rows the claims compare")
     return "\n".join(lines) + "\n"
