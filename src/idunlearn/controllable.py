@@ -87,6 +87,6 @@ def pareto_figure(table: pd.DataFrame, summary: pd.DataFrame):
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Controllable unlearning: Phase I boundaries (highest, lowest) and Phase II epsilon fractions")
+    fig.suptitle("Controllable unlearning: the boundaries (highest, lowest) and Phase II epsilon fractions")
     fig.tight_layout()
     return fig
