@@ -100,10 +100,9 @@ def _ends_apart(table: pd.DataFrame, metric: str) -> bool:
     return _apart(table, table["row"].iloc[0], table["row"].iloc[-1], metric)
 
 
-def _runner_up(rows: pd.DataFrame, metric: str, largest: bool) -> tuple[str, str]:
-    """The best and the second-best row labels by ``metric``."""
-    ranked = rows.sort_values(metric, ascending=not largest)["row"].tolist()
-    return ranked[0], ranked[1]
+def _ranked(rows: pd.DataFrame, metric: str, largest: bool) -> list[str]:
+    """Row labels from the largest (or smallest) ``metric`` down; ties keep table order."""
+    return rows.sort_values(metric, ascending=not largest, kind="stable")["row"].tolist()
 
 
 def _trend(table: pd.DataFrame, metric: str) -> float:
@@ -121,8 +120,8 @@ def _table1_claims(t: pd.DataFrame) -> list[dict]:
         return []
     before_retain = _value(t, BEFORE, "ism_retain") if BEFORE in set(t["row"]) else float("nan")
     piu_retain = _value(t, "PIU", "ism_retain")
-    best, second = _runner_up(methods, "srk", largest=True)
-    lowest, next_lowest = _runner_up(methods, "ism_forget", largest=False)
+    best, second = _ranked(methods, "srk", largest=True)[:2]
+    lowest, next_lowest = _ranked(methods, "ism_forget", largest=False)[:2]
     return [
         _claim("PIU reaches the highest SRK of all methods while keeping retain ISM (>= 0.9 x before)", "table1",
                best == "PIU" and piu_retain >= 0.9 * before_retain, _apart(t, best, second, "srk"),
@@ -140,9 +139,11 @@ def _table2_claims(t: pd.DataFrame) -> list[dict]:
     f_pres, f_neg = _value(t, "+ Preservation", "ism_forget"), _value(t, "+ Neg. guidance", "ism_forget")
     return [
         _claim("Adding the preservation term raises retain ISM over naive unlearning", "table2", pres > naive,
-               _apart(t, "Naive", "+ Preservation", "ism_retain"), f"retain ISM naive {naive:.3f}, + preservation {pres:.3f}"),
+               _apart(t, "Naive", "+ Preservation", "ism_retain"),
+               f"retain ISM naive {naive:.3f}, + preservation {pres:.3f}"),
         _claim("Adding negative guidance lowers forget ISM", "table2", f_neg < f_pres,
-               _apart(t, "+ Preservation", "+ Neg. guidance", "ism_forget"), f"forget ISM + preservation {f_pres:.3f}, + negative guidance {f_neg:.3f}"),
+               _apart(t, "+ Preservation", "+ Neg. guidance", "ism_forget"),
+               f"forget ISM + preservation {f_pres:.3f}, + negative guidance {f_neg:.3f}"),
     ]
 
 
@@ -151,7 +152,7 @@ def _table3_claims(t: pd.DataFrame) -> list[dict]:
         return []
     others = t[t["row"] != "0"]
     zero = _value(t, "0", "ism_retain")
-    nearest = others.loc[others["ism_retain"].idxmin(), "row"]
+    nearest = _ranked(others, "ism_retain", largest=False)[0]
     return [
         _claim("lambda = 0 collapses retain ISM (lowest of the sweep)", "table3", zero < others["ism_retain"].min(),
                _apart(t, "0", nearest, "ism_retain"), f"retain ISM {_fmt(t, 'ism_retain')}"),
@@ -174,12 +175,12 @@ def _table5_claims(t: pd.DataFrame) -> list[dict]:
         return []
     others = t[t["row"] != "0"]
     rho = _trend(t, "ism_forget")
-    weakest = others.loc[others["ism_forget"].idxmax(), "row"]
-    lowest_srk = others.loc[others["srk"].idxmin(), "row"]
+    weakest, lowest_srk = _ranked(others, "ism_forget", largest=True)[0], _ranked(others, "srk", largest=False)[0]
     return [
         _claim("eta = 0 forgets weakly (highest forget ISM and lowest SRK of the sweep)", "table5",
                _value(t, "0", "ism_forget") > others["ism_forget"].max() and _value(t, "0", "srk") < others["srk"].min(),
-               _apart(t, "0", weakest, "ism_forget") and _apart(t, "0", lowest_srk, "srk"), f"forget ISM {_fmt(t, 'ism_forget')}; SRK {_fmt(t, 'srk')}"),
+               _apart(t, "0", weakest, "ism_forget") and _apart(t, "0", lowest_srk, "srk"),
+               f"forget ISM {_fmt(t, 'ism_forget')}; SRK {_fmt(t, 'srk')}"),
         _claim("Larger eta strengthens forgetting (forget ISM falls with eta)", "table5", rho < 0,
                _ends_apart(t, "ism_forget"), f"Spearman {rho:+.2f}; forget ISM {_fmt(t, 'ism_forget')}"),
     ]
@@ -189,14 +190,15 @@ def _table6_claims(t: pd.DataFrame) -> list[dict]:
     if not {"full", "all_cross_attention", "surgical"} <= set(t["row"]):
         return []
     full = _value(t, "full", "ism_retain")
-    rest = t[t["row"] != "full"]["ism_retain"]
-    nearest = t.loc[rest.idxmin(), "row"]
+    rest = t[t["row"] != "full"]
+    nearest = _ranked(rest, "ism_retain", largest=False)[0]
     s_srk, ca_srk = _value(t, "surgical", "srk"), _value(t, "all_cross_attention", "srk")
     return [
-        _claim("Fine-tuning the full UNet degrades retain ISM most", "table6", full < rest.min(),
+        _claim("Fine-tuning the full UNet degrades retain ISM most", "table6", full < rest["ism_retain"].min(),
                _apart(t, "full", nearest, "ism_retain"), f"retain ISM {_fmt(t, 'ism_retain')}"),
         _claim("The surgical subset reaches an SRK at least that of all cross-attention layers", "table6",
-               s_srk >= ca_srk, _apart(t, "surgical", "all_cross_attention", "srk"), f"SRK surgical {s_srk:.2f}, all cross-attention {ca_srk:.2f}"),
+               s_srk >= ca_srk, _apart(t, "surgical", "all_cross_attention", "srk"),
+               f"SRK surgical {s_srk:.2f}, all cross-attention {ca_srk:.2f}"),
     ]
 
 
