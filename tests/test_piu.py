@@ -7,7 +7,7 @@ import torch
 from idunlearn.models.layers import trainable_parameter_names
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.unlearning import build_method
-from idunlearn.unlearning.conditions import dirichlet_mixtures
+from idunlearn.conditions import dirichlet_mixtures
 from idunlearn.unlearning.piu import negative_guidance_target
 from idunlearn.unlearning.runner import apply_changed_parameters, save_changed_parameters, unlearn
 

@@ -10,9 +10,9 @@ import pandas as pd
 import torch
 
 from ..faces.analyser import FaceAnalyser, ok_embeddings, read_embeddings
+from ..conditions import dirichlet_mixtures
 from ..identities import centroid_matrix
 from ..models.generator import IdentityGenerator, initial_noise
-from ..unlearning.conditions import dirichlet_mixtures
 from .generation import read_samples, to_uint8_images
 from .identity import identity_similarity, nearest_centroid
 
@@ -50,7 +50,7 @@ def evaluation_set(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame, n
 
 def generate_samples(generator: IdentityGenerator, embeddings: np.ndarray, seeds, steps: int, guidance: float,
                      batch_size: int = 16) -> np.ndarray:
-    """(N, 112, 112, 3) uint8 images, sample i from the initial noise of seeds[i]."""
+    """(N, H, W, 3) uint8 images at the generator's resolution, sample i from the initial noise of seeds[i]."""
     noise = initial_noise(generator.latent_shape, list(seeds))
     with torch.no_grad():
         images = generator.generate(torch.as_tensor(embeddings), noise, steps, guidance, batch_size)

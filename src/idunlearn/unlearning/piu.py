@@ -9,7 +9,8 @@ from torch.nn.functional import mse_loss
 
 from ..models.generator import IdentityGenerator
 from .base import Objectives, UnlearningData, UnlearningMethod
-from .conditions import dirichlet_mixtures, draw_rows, noisy_latents
+from ..conditions import dirichlet_mixtures, draw_rows
+from .conditions import noisy_latents
 
 
 def negative_guidance_target(eps_ref: torch.Tensor, eps_forget: torch.Tensor, eta: float) -> torch.Tensor:

@@ -7,22 +7,25 @@ import torch
 from torch import nn
 from torch.nn.functional import interpolate, mse_loss, normalize
 
-from ..evaluation.generation import RECOGNIZER_SIZE
+from ..conditions import dirichlet_mixtures
+from ..faces.align import ALIGNED_SIZE
 from ..models.generator import IdentityGenerator
 from .base import Objectives, UnlearningData
-from .conditions import dirichlet_mixtures, noised, predicted_x0
+from .conditions import noised, predicted_x0
 from .piu import PIU
 
 
 def recognizer_input(generator: IdentityGenerator, latents: torch.Tensor) -> torch.Tensor:
     """Latents -> (N, 3, 112, 112) float RGB in [0, 255], differentiable: the generator's decode (VAE for latent
-    models, identity in pixel space; [-1, 1] clamped) and the bicubic resize the evaluation uses, without rounding."""
+    models, identity in pixel space; [-1, 1] clamped), the whole frame bicubic-resized to the aligned-face size,
+    without rounding. A differentiable stand-in for detection + alignment: close to the evaluation's aligned crop for
+    the mini generator, whose frames are template-aligned faces; only approximate for Arc2Face's 512 px frames."""
     vae = generator.vae
     images = vae.decode((latents / generator.vae_scale).to(vae.dtype)).sample if vae is not None else latents
     images = (images.float().clamp(-1, 1) + 1) / 2
     images = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
-    if images.shape[-1] != RECOGNIZER_SIZE:
-        images = interpolate(images, size=(RECOGNIZER_SIZE,) * 2, mode="bicubic", align_corners=False)
+    if images.shape[-1] != ALIGNED_SIZE:
+        images = interpolate(images, size=(ALIGNED_SIZE,) * 2, mode="bicubic", align_corners=False)
     return images.clamp(0, 1) * 255
 
 
