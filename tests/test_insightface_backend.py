@@ -244,3 +244,62 @@ def test_from_dir_rejects_a_swapped_file(tmp_path):
     tiny_arcface(tmp_path / "arcface.onnx")
     with pytest.raises(AssetError, match="not a face detection model"):
         InsightFaceAnalyser.from_dir(tmp_path)
+
+
+# --- paper-path scoring: generated 512x512 frames are read at their own resolution ---
+
+class BrightRegionDetector(StubDetector):
+    """Finds the one face as the bounding box of the non-black pixels (template landmarks inside it), in float64
+    so that a shifted face gives exactly shifted landmarks."""
+
+    def __init__(self):
+        super().__init__([])
+
+    def detect(self, img, max_num=0):
+        self.seen.append(img.copy())
+        ys, xs = np.nonzero(img.max(axis=2))
+        box = [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]
+        return np.array([[*box, 0.9]], np.float64), np.array([face_landmarks(box)], np.float64)
+
+
+def test_a_face_in_a_512_frame_is_detected_aligned_and_embedded_as_the_face_itself():
+    from idunlearn.evaluation.generation import read_samples
+
+    face = np.random.default_rng(0).integers(100, 256, (256, 256, 3), dtype=np.uint8)  # Arc2Face's face scale
+    frame = np.zeros((512, 512, 3), np.uint8)
+    frame[100:356, 130:386] = face
+    results = {}
+    for name, image in (("frame", frame), ("face", face)):
+        detector, recognizer = BrightRegionDetector(), StubRecognizer()
+        analyser = InsightFaceAnalyser(detector, recognizer, det_size=(640, 640))
+        rows = read_samples(analyser, image[None], [name])
+        assert detector.seen[0].shape == image.shape  # the detector saw the image as generated, not resized
+        results[name] = rows.iloc[0], recognizer.batches[0][0]
+    (frame_row, frame_aligned), (face_row, face_aligned) = results["frame"], results["face"]
+    assert frame_row["status"] == face_row["status"] == FaceStatus.OK.value
+    assert frame_aligned.shape == (112, 112, 3)
+    # PIL's bilinear warp works in fixed point, so a shifted source agrees only up to one grey level
+    assert np.abs(frame_aligned.astype(int) - face_aligned).max() <= 1
+    assert np.abs(frame_aligned.astype(int) - face_aligned).mean() < 0.05
+    np.testing.assert_allclose(frame_row["embedding"], face_row["embedding"], atol=1e-4)
+    np.testing.assert_allclose(np.reshape(frame_row["landmarks"], (5, 2)),
+                               np.reshape(face_row["landmarks"], (5, 2)) + [130, 100], atol=1e-4)
+    np.testing.assert_allclose(frame_row["box"], np.add(face_row["box"], [130, 100, 130, 100]), atol=1e-4)
+
+
+def test_quality_reads_the_landmarks_in_the_frame_it_is_given(tmp_path):
+    from idunlearn.evaluation.generation import read_samples
+    from idunlearn.evaluation.quality import EDifFIQAQuality
+
+    pooled_linear_onnx(tmp_path / "q.onnx", [[1.0], [0.5], [0.25]], "input", "score", "tiny_quality")
+    quality = EDifFIQAQuality(tmp_path / "q.onnx")
+    face = np.random.default_rng(1).integers(100, 256, (256, 256, 3), dtype=np.uint8)
+    frame = np.zeros((512, 512, 3), np.uint8)
+    frame[100:356, 130:386] = face
+    scores = []
+    for image in (frame, face):
+        rows = read_samples(InsightFaceAnalyser(BrightRegionDetector(), StubRecognizer()), image[None], ["x"])
+        scores.append(quality(image[None], rows.assign(detected=rows["status"] == FaceStatus.OK.value))[0])
+    assert np.isfinite(scores[0]) and scores[0] == pytest.approx(scores[1], abs=1e-3)  # up to PIL's rounding
+    misplaced = quality(frame[None], rows.assign(detected=True))[0]  # the face's own landmarks read on the frame
+    assert abs(misplaced - scores[1]) > 0.1

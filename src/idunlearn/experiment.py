@@ -12,6 +12,7 @@ from PIL import Image
 
 from .faces import build_face_analyser
 from .faces.analyser import FaceAnalyser, aligned_crops, load_rgb, ok_embeddings
+from .evaluation.generation import to_uint8_images
 from .identities import centroid_matrix
 from .models.generator import IdentityGenerator
 from .models.pretrain import faces_to_training_images
@@ -68,23 +69,32 @@ def unlearning_data(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame, 
     return data
 
 
-def real_latents(generator: IdentityGenerator, manifest: pd.DataFrame, faces: pd.DataFrame, image_ids: list[str],
-                 batch_size: int = 16) -> torch.Tensor:
-    """Clean latents (N, *latent_shape) of real images, prepared the way the generator saw faces in training:
-    pixel-space generators (the mini Arc2Face) take the aligned crop at their resolution
-    (``faces_to_training_images``); latent-space generators (Arc2Face) take the whole image at the VAE's input
-    size through the VAE encoder (posterior mean, scaled by ``vae_scale``)."""
+def real_pixels(generator: IdentityGenerator, manifest: pd.DataFrame, faces: pd.DataFrame,
+                image_ids: list[str]) -> torch.Tensor:
+    """Real images (N, C, H, W) in [-1, 1] at the generator's pixel resolution, prepared the way the generator saw
+    faces in training: pixel-space generators (the mini Arc2Face) take the aligned crop at their resolution and
+    channels (``faces_to_training_images``); latent-space generators (Arc2Face) the whole image at the VAE's
+    output size."""
     paths = manifest.set_index("image_id").loc[image_ids, "path"]
     if generator.vae is None:
         channels, size = generator.latent_shape[:2]
         landmarks = faces[faces["status"] == "ok"].set_index("image_id").loc[image_ids, "landmarks"]
         return faces_to_training_images(aligned_crops(paths, landmarks), size, channels)
-    vae, size = generator.vae, generator.latent_shape[1] * 2 ** (len(generator.vae.config.block_out_channels) - 1)
-    out = []
-    for start in range(0, len(paths), batch_size):
-        images = np.stack([np.asarray(Image.fromarray(load_rgb(path)).resize((size, size), Image.BICUBIC))
-                           for path in paths.iloc[start:start + batch_size]])
-        x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div(127.5).sub(1)
+    size = generator.latent_shape[1] * 2 ** (len(generator.vae.config.block_out_channels) - 1)
+    images = np.stack([np.asarray(Image.fromarray(load_rgb(path)).resize((size, size), Image.BICUBIC))
+                       for path in paths])
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float().div(127.5).sub(1)
+
+
+def real_latents(generator: IdentityGenerator, manifest: pd.DataFrame, faces: pd.DataFrame, image_ids: list[str],
+                 batch_size: int = 16) -> torch.Tensor:
+    """Clean latents (N, *latent_shape) of real images (``real_pixels``): the pixels themselves in pixel space,
+    the VAE encoder's posterior mean, scaled by ``vae_scale``, for latent-space generators."""
+    if generator.vae is None:
+        return real_pixels(generator, manifest, faces, image_ids)
+    vae, out = generator.vae, []
+    for start in range(0, len(image_ids), batch_size):
+        x = real_pixels(generator, manifest, faces, image_ids[start:start + batch_size])
         with torch.no_grad():
             x = x.to(device=generator.device, dtype=vae.dtype)
             out.append((vae.encode(x).latent_dist.mean * generator.vae_scale).float().cpu())
@@ -106,33 +116,37 @@ def differentiable_recognizer(faces_cfg: dict, models_dir) -> torch.nn.Module:
 
 @dataclass
 class ReferenceImages:
-    """Retain-validation real faces, brought to the generator's resolution and back (so that the kernel distance
-    compares generated and real faces at the same level of detail)."""
+    """Retain-validation real faces prepared exactly like generated images: ``real_pixels`` (the generator's
+    resolution, channels and crop policy), then the generator's output convention ([0, 1], three channels) and
+    ``to_uint8_images``; so the kernel-distance features see real and generated images at the same size and level
+    of detail."""
 
     image_ids: list[str]
-    images: np.ndarray  # (N, 112, 112, 3) uint8
+    images: np.ndarray  # (N, H, W, 3) uint8, H x W the generator's output size
 
 
 def reference_images(selection: dict, manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame,
-                     generator: IdentityGenerator) -> ReferenceImages:
+                     generator: IdentityGenerator, batch_size: int = 64) -> ReferenceImages:
     ids = sorted(labels.loc[labels["identity"].isin(selection["retain_val_identities"]), "image_id"])
-    ok = faces[faces["status"] == "ok"].set_index("image_id").loc[ids]
-    crops = aligned_crops(manifest.set_index("image_id").loc[ids, "path"], ok["landmarks"])
-    if generator.vae is not None:  # latent-space generators decode at full resolution
-        return ReferenceImages(ids, crops)
-    channels, generator_size = generator.latent_shape[:2]
-    mode = "L" if channels == 1 else "RGB"
-    same_detail = [np.asarray(Image.fromarray(c).convert(mode).resize((generator_size,) * 2, Image.BOX)
-                              .convert("RGB").resize((112, 112), Image.BICUBIC)) for c in crops]
-    return ReferenceImages(ids, np.stack(same_detail))
+    images = [to_uint8_images(((real_pixels(generator, manifest, faces, ids[i:i + batch_size]) + 1) / 2)
+                              .expand(-1, 3, -1, -1)) for i in range(0, len(ids), batch_size)]
+    return ReferenceImages(ids, np.concatenate(images))
 
 
 def build_features(cfg: dict, analyser: FaceAnalyser):
     """Kernel-distance features named by ``evaluation.kd.features``."""
-    from .evaluation.features import DinoV2Features, RecognizerFeatures
+    from .evaluation.features import DinoV2Features, MobileFaceNetMapFeatures, RecognizerFeatures
+    from .faces.mobilefacenet import MobileFaceNet
 
+    if cfg["features"] == "mobilefacenet-maps":
+        recognizer = getattr(analyser, "recognizer", None)
+        if not isinstance(recognizer, MobileFaceNet):
+            raise ValueError(f"evaluation.kd.features 'mobilefacenet-maps' reads the offline analyser's MobileFaceNet, "
+                             f"but faces.backend {analyser.name!r} has none: use 'dinov2' (paper) or 'recognizer'")
+        return MobileFaceNetMapFeatures(recognizer)
     if cfg["features"] == "recognizer":
         return RecognizerFeatures(analyser)
     if cfg["features"] == "dinov2":
         return DinoV2Features.from_hub(revision=cfg.get("dinov2_revision"))
-    raise ValueError(f"evaluation.kd.features {cfg['features']!r} is unknown: use 'recognizer' or 'dinov2'")
+    raise ValueError(f"evaluation.kd.features {cfg['features']!r} is unknown: use 'mobilefacenet-maps', "
+                     "'recognizer' or 'dinov2'")

@@ -10,18 +10,15 @@ from ..faces.analyser import FaceAnalyser, read_embeddings
 from ..models.generator import IdentityGenerator, initial_noise
 from .identity import accuracy, identity_similarity, nearest_centroid
 
-RECOGNIZER_SIZE = 112
-
-
-def to_uint8_images(images: torch.Tensor, size: int = RECOGNIZER_SIZE) -> np.ndarray:
-    """Generated (N, 3, H, W) images in [0, 1] -> (N, size, size, 3) uint8, bicubic-resized for the analyser."""
-    if images.shape[-1] != size:
-        images = torch.nn.functional.interpolate(images, size=(size, size), mode="bicubic", align_corners=False)
-    return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+def to_uint8_images(images: torch.Tensor) -> np.ndarray:
+    """(N, 3, H, W) images in [0, 1] -> (N, H, W, 3) uint8 at the same resolution: generated images are scored as
+    generated (the face analyser and the kernel-distance features bring them to their own input sizes)."""
+    return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
 def read_samples(analyser: FaceAnalyser, images: np.ndarray, sample_ids: list[str]) -> pd.DataFrame:
-    """Face-analyser rows for generated images (status ok = a face was detected and embedded)."""
+    """Face-analyser rows for generated images at their own resolution (status ok = a face was detected, aligned
+    and embedded; boxes and landmarks in the images' pixel coordinates)."""
     return analyser.analyse(list(zip(sample_ids, images)), batch_size=64, progress=False)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+ALIGNED_SIZE = 112  # side of the aligned face every recognizer (ArcFace, MobileFaceNet) and eDifFIQA reads
+
 # Five-point template of ArcFace/insightface for 112x112 crops: eyes, nose tip, mouth corners (x, y).
 ARCFACE_TEMPLATE_112 = np.array(
     [[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366], [41.5493, 92.3655], [70.7299, 92.2041]],
@@ -34,9 +36,9 @@ def similarity_transform(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return matrix
 
 
-def align_face(image: np.ndarray, landmarks: np.ndarray, size: int = 112) -> np.ndarray:
+def align_face(image: np.ndarray, landmarks: np.ndarray, size: int = ALIGNED_SIZE) -> np.ndarray:
     """Warp ``image`` (HxWx3 uint8) so its five landmarks land on the ArcFace template scaled to ``size``."""
-    template = ARCFACE_TEMPLATE_112 * (size / 112.0)
+    template = ARCFACE_TEMPLATE_112 * (size / ALIGNED_SIZE)
     forward = similarity_transform(np.asarray(landmarks, np.float64).reshape(5, 2), template)
     inverse = np.linalg.inv(np.vstack([forward, [0.0, 0.0, 1.0]]))[:2]  # PIL maps output pixels to input pixels
     # PIL addresses pixels by their corners, cv2/insightface by their centres: t' = t - L (0.5, 0.5) + 0.5

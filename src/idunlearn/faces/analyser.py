@@ -14,7 +14,7 @@ import pandas as pd
 from PIL import Image, UnidentifiedImageError
 from tqdm.auto import tqdm
 
-from .align import align_face
+from .align import ALIGNED_SIZE, align_face
 
 
 class FaceStatus(str, enum.Enum):
@@ -68,11 +68,17 @@ def largest(detections: Sequence[Detection]) -> Detection | None:
 
 
 class FaceAnalyser(abc.ABC):
-    """Detect, align and embed faces. Subclasses provide ``detect`` and ``embed``."""
+    """Detect, align and embed faces. Subclasses provide ``detect`` and ``embed``.
+
+    Input policy: images are given at their own resolution (generated samples as generated). ``working_image``
+    says how the analyser looks at one (as given by default; a backend may enlarge small images for its detector);
+    detection, the face-size check and alignment happen there, and the reported box and landmarks are in the given
+    image's pixel coordinates. The largest face is aligned to the ArcFace template at ``aligned_size``.
+    """
 
     name: str
     embedding_dim: int
-    aligned_size: int = 112
+    aligned_size: int = ALIGNED_SIZE
 
     def __init__(self, min_image_size: int = 16, min_face_size: float = 20.0):
         self.min_image_size = min_image_size
@@ -85,6 +91,10 @@ class FaceAnalyser(abc.ABC):
     @abc.abstractmethod
     def embed(self, faces: np.ndarray) -> np.ndarray:
         """Embeddings (N, D) of aligned faces (N, 112, 112, 3) uint8 RGB, L2-normalised."""
+
+    def working_image(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The image that detection and alignment see, and its (x, y) scale over the given one."""
+        return image, np.ones(2)
 
     def align(self, image: np.ndarray, detection: Detection) -> np.ndarray:
         return align_face(image, detection.landmarks, self.aligned_size)
@@ -124,16 +134,18 @@ class FaceAnalyser(abc.ABC):
         if min(image.shape[:2]) < self.min_image_size:
             row.update(status=FaceStatus.TOO_SMALL.value, message=f"image {image.shape[1]}x{image.shape[0]}")
             return row
-        face = largest(self.detect(image))
+        work, scale = self.working_image(image)
+        face = largest(self.detect(work))
         if face is None:
             row.update(status=FaceStatus.NO_FACE.value, message="no face detected")
             return row
-        row.update(det_score=float(face.score), box=np.asarray(face.box, float).tolist(),
-                   landmarks=np.asarray(face.landmarks, float).reshape(-1).tolist())
+        # back to the given image's continuous pixel coordinates: (x, y) = (x', y') / (scale_x, scale_y)
+        row.update(det_score=float(face.score), box=(np.asarray(face.box, float) / np.tile(scale, 2)).tolist(),
+                   landmarks=(np.asarray(face.landmarks, float) / scale).reshape(-1).tolist())
         if face.min_side < self.min_face_size:
             row.update(status=FaceStatus.TOO_SMALL.value, message=f"face {face.min_side:.0f}px")
             return row
-        return row, self.align(image, face)
+        return row, self.align(work, face)
 
     def _embed_pending(self, pending: list[tuple[dict, np.ndarray]]) -> None:
         if not pending:
@@ -178,6 +190,6 @@ def embedding_matrix(frame: pd.DataFrame) -> np.ndarray:
     return np.stack(ok["embedding"].to_numpy()).astype(np.float32)
 
 
-def aligned_crops(paths: Sequence[str | Path], landmarks: Sequence, size: int = 112) -> np.ndarray:
+def aligned_crops(paths: Sequence[str | Path], landmarks: Sequence, size: int = ALIGNED_SIZE) -> np.ndarray:
     """(N, size, size, 3) uint8 crops aligned with stored five-point landmarks (no detection rerun)."""
     return np.stack([align_face(load_rgb(p), np.asarray(l, float).reshape(5, 2), size) for p, l in zip(paths, landmarks)])

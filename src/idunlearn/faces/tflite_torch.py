@@ -71,19 +71,33 @@ class TFLiteGraph(nn.Module):
         self.nodes = _with_releases([self._build(op) for op in operators], self.output_ids)
         self.input_names = tuple(self._tensor_name(i) for i in self.input_ids)
         self.output_names = tuple(self._tensor_name(i) for i in self.output_ids)
+        self.computed_names = {self._tensor_name(node.output): node.output for node in self.nodes}
         del self._model, self._graph  # the flatbuffer is not needed once the nodes are built
 
     def forward(self, *inputs: torch.Tensor):
+        values = self._run(inputs)
+        outputs = tuple(values[i] for i in self.output_ids)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def intermediate(self, name: str, *inputs: torch.Tensor) -> torch.Tensor:
+        """The computed tensor called ``name`` in the file (e.g. a block's output), in TFLite's layout; the graph
+        runs only up to the operator that produces it."""
+        if name not in self.computed_names:
+            raise KeyError(f"no operator of the graph computes a tensor named {name!r}")
+        return self._run(inputs, until=self.computed_names[name])[self.computed_names[name]]
+
+    def _run(self, inputs: tuple[torch.Tensor, ...], until: int | None = None) -> dict[int, torch.Tensor]:
         if len(inputs) != len(self.input_ids):
             raise TypeError(f"the graph takes {len(self.input_ids)} input(s) {self.input_names}, got {len(inputs)}")
         values = dict(zip(self.input_ids, inputs))
         for node in self.nodes:
             args = [None if i < 0 else values[i] if i in values else self.constants[f"t{i}"] for i in node.inputs]
             values[node.output] = node.fn(*args)
+            if node.output == until:
+                break
             for i in node.release:
                 values.pop(i, None)
-        outputs = tuple(values[i] for i in self.output_ids)
-        return outputs[0] if len(outputs) == 1 else outputs
+        return values
 
     def extra_repr(self) -> str:
         counts = Counter(node.name for node in self.nodes)
