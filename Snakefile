@@ -9,6 +9,9 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/faces.smk"

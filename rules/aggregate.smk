@@ -1,20 +1,29 @@
-# Stage "aggregate": one table row per (run, forget identity), summaries with 95% intervals, image grids.
+# Stage "aggregate": one table row per (run, forget identity), summaries with 95% intervals (the pooled SRK from the
+# per-sample tables), the headline summary shown on the report's landing page, image grids.
 
 
 rule aggregate:
     input:
         selections=rules.select_experiments.output.table,
         before=lambda wc: expand(rules.evaluate_original.output.metrics, identity=forget_identities()),
+        before_samples=lambda wc: expand(rules.evaluate_original.output.samples, identity=forget_identities()),
         after=lambda wc: run_outputs("metrics"),
+        # paired with the metrics by folder in the script
+        after_samples=lambda wc: run_outputs("samples"),
         timings=lambda wc: run_outputs("timings"),
     output:
         metrics=results("tables", "metrics.parquet"),
         metrics_csv=report(results("tables", "metrics.csv"), category="Tables"),
+        counts=results("tables", "sample_counts.parquet"),
         summary=results("tables", "summary.parquet"),
         summary_csv=report(results("tables", "summary.csv"), category="Tables"),
+        summary_long=report(results("tables", "summary_long.csv"), category="Summary"),
+        summary_md=report(results("tables", "summary.md"), category="Summary"),
+        summary_rst=results("tables", "summary.rst"),
         costs=report(results("tables", "costs.csv"), category="Tables"),
     params:
         runs={name: run_config(config, name) for name in run_names()},
+        seed=config["seed"],
     log:
         logs("aggregate"),
     conda:

@@ -1,10 +1,15 @@
 import math
+import runpy
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from idunlearn.evaluation.aggregate import before_after, mean_ci, summarise
+from idunlearn.evaluation.metrics import METRIC_KEYS
+from idunlearn.io import write_json
 
 
 def test_mean_ci_matches_hand_computed_t_interval():
@@ -62,3 +67,106 @@ def test_before_after_row():
                                  "kd_before": 0.01, "kd_after": 0.05, "kd_delta": 0.04})
     with pytest.raises(KeyError):
         before_after({"ism": 0.8}, {}, ["ism"])
+
+
+# ----- the aggregate stage's script on hand-made evaluation folders ------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _samples(rng, identity: int, forget_hits: int, retain_hits: int, n: int = 10) -> pd.DataFrame:
+    """n forget samples of ``identity`` and n retain samples (identities 50-54); ``*_hits`` of them recognised."""
+    target = np.array([identity] * n + [50 + i % 5 for i in range(n)])
+    hit = np.r_[np.arange(n) < forget_hits, np.arange(n) < retain_hits]
+    rng.shuffle(hit[:n])
+    return pd.DataFrame({"sample_id": [f"s{i}" for i in range(2 * n)], "kind": ["forget"] * n + ["retain"] * n,
+                         "target_identity": target, "predicted_identity": np.where(hit, target, -1),
+                         "own_cosine": rng.uniform(0, 1, 2 * n), "detected": True})
+
+
+def _metrics_json(identity: int, rng) -> dict:
+    return {"forget_identity": identity, "kd_features": "recognizer embedding", "quality_measure": "proxy",
+            **{key: float(rng.uniform(0, 1)) for key in METRIC_KEYS}}
+
+
+@pytest.fixture
+def aggregated(tmp_path):
+    """Runs workflow/scripts/aggregate.py as Snakemake would, on two runs x three forget identities (run b: two)."""
+    rng = np.random.default_rng(0)
+    ev, tables = tmp_path / "evaluation", tmp_path / "tables"
+    hits = {("before", 1): (9, 8), ("before", 2): (10, 9), ("before", 3): (7, 10),
+            ("a", 1): (0, 8), ("a", 2): (3, 6), ("a", 3): (1, 9), ("b", 1): (5, 5), ("b", 2): (0, 2)}
+    inputs = {"before": [], "before_samples": [], "after": [], "after_samples": [], "timings": []}
+    for (run, identity), (f_hits, r_hits) in hits.items():
+        folder = ev / "before" / str(identity) if run == "before" else ev / "after" / run / str(identity)
+        folder.mkdir(parents=True)
+        _samples(rng, identity, f_hits, r_hits).to_parquet(folder / "samples.parquet")
+        write_json(_metrics_json(identity, rng), folder / "metrics.json")
+        key = "before" if run == "before" else "after"
+        inputs[key].append(str(folder / "metrics.json"))
+        inputs[f"{key}_samples"].append(str(folder / "samples.parquet"))
+        if run != "before":
+            write_json({"run_name": run, "anchor": {"anchor_identity": 7}, "steps": 2, "trainable_parameters": 3,
+                        "seconds_per_step": 0.5}, folder / "timings.json")
+            inputs["timings"].append(str(folder / "timings.json"))
+    inputs["after_samples"].reverse()  # paired with the metrics by folder, not by position
+    selections = tmp_path / "selections.parquet"
+    pd.DataFrame({"forget_identity": [1, 2, 3], "n_forget_train": [6, 6, 6]}).to_parquet(selections)
+    names = ["metrics", "metrics_csv", "counts", "summary", "summary_csv", "summary_long", "summary_md",
+             "summary_rst", "costs"]
+    files = ["metrics.parquet", "metrics.csv", "sample_counts.parquet", "summary.parquet", "summary.csv",
+             "summary_long.csv", "summary.md", "summary.rst", "costs.csv"]
+    smk = SimpleNamespace(input=SimpleNamespace(selections=str(selections), **inputs),
+                          output=SimpleNamespace(**{n: str(tables / f) for n, f in zip(names, files)}),
+                          params=SimpleNamespace(runs={"a": {"steps": 2}, "b": {"steps": 3}}, seed=42),
+                          log=[str(tmp_path / "aggregate.log")])
+    runpy.run_path(str(REPO / "workflow" / "scripts" / "aggregate.py"), init_globals={"snakemake": smk})
+    return tmp_path, hits
+
+
+def test_summary_long_pooled_srk_recomputed_from_the_per_sample_files(aggregated):
+    tmp_path, hits = aggregated
+    long = pd.read_csv(tmp_path / "tables" / "summary_long.csv")
+    assert list(long.columns) == ["run", "metric", "phase", "mean", "ci_low", "ci_high", "n"]
+    srk_rows = long[long["metric"] == "srk"].set_index(["run", "phase"])
+    for run, identities in (("a", [1, 2, 3]), ("b", [1, 2])):
+        for phase in ("before", "after"):
+            folders = [tmp_path / "evaluation" / ("before" if phase == "before" else f"after/{run}") / str(i)
+                       for i in identities]
+            pooled = pd.concat([pd.read_parquet(f / "samples.parquet") for f in folders])
+            correct = pooled["predicted_identity"] == pooled["target_identity"]
+            acc_u, acc_r = correct[pooled["kind"] == "forget"].mean(), correct[pooled["kind"] == "retain"].mean()
+            row = srk_rows.loc[(run, phase)]
+            assert row["mean"] == pytest.approx(acc_r / (acc_u + 0.01))  # PIU eq. 10 on pooled eqs. 8-9
+            assert row["n"] == len(identities) and row["ci_low"] <= row["mean"] <= row["ci_high"]
+    # by hand, run a after: Acc_U = (0 + 3 + 1) / 30, Acc_R = (8 + 6 + 9) / 30
+    assert srk_rows.loc[("a", "after"), "mean"] == pytest.approx((23 / 30) / (4 / 30 + 0.01))
+    assert srk_rows.loc[("a", "delta"), "mean"] == pytest.approx(
+        (23 / 30) / (4 / 30 + 0.01) - (27 / 30) / (26 / 30 + 0.01))
+    # the per-identity SRK is its own metric, a mean with a Student-t interval
+    metrics = pd.read_csv(tmp_path / "tables" / "metrics.csv")
+    ident = long[(long["metric"] == "srk_identity") & (long["phase"] == "after")].set_index("run")
+    mean, half = mean_ci(metrics.loc[metrics["run"] == "a", "srk_identity_after"])
+    assert ident.loc["a", "mean"] == pytest.approx(mean) and ident.loc["a", "ci_high"] == pytest.approx(mean + half)
+    assert "srk_after" not in metrics.columns and "srk_identity_after" in metrics.columns
+    assert len(pd.read_csv(tmp_path / "tables" / "summary.csv")) == 2  # summary.csv is kept
+
+
+def test_summary_md_and_the_report_landing_page_show_the_headline(aggregated):
+    tmp_path, _ = aggregated
+    md = (tmp_path / "tables" / "summary.md").read_text()
+    assert "| run | phase | identities | forget ISM | retain ISM | SRK (pooled) |" in md
+    assert "Run a made the generator forget 3 identities (1, 2, 3)" in md
+    assert md.count("\n| a | ") == 2 and md.count("\n| b | ") == 2  # before and after per run
+    # the landing page rendered as `snakemake --report` does: jinja2, then docutils, from the working directory
+    from docutils.core import publish_parts
+    from jinja2 import Environment
+
+    class Snakemake:
+        config = {"results_dir": str(tmp_path)}
+
+    text = (REPO / "workflow" / "report" / "workflow.rst").read_text() + "\n.. _Summary: #\n.. _Tables: #\n"
+    rendered = Environment(trim_blocks=True, lstrip_blocks=True).from_string(text).render(snakemake=Snakemake)
+    html = publish_parts(rendered, writer="html")["html_body"]
+    assert "Run a made the generator forget 3 identities" in html
+    assert "<th class=\"head\">SRK (pooled)</th>" in html and html.count("<tr>") >= 5

@@ -47,11 +47,11 @@ def test_pipeline_produces_tables_grids_and_report(two_runs):
     res = workdir / "results"
     metrics = pd.read_csv(res / "tables" / "metrics.csv")
     assert len(metrics) == 1 and metrics.loc[0, "run"] == "piu"
-    for key in ("ism_forget", "ism_retain", "acc_forget", "acc_retain", "srk", "kd_forget", "kd_retain"):
+    for key in ("ism_forget", "ism_retain", "acc_forget", "acc_retain", "srk_identity", "kd_forget", "kd_retain"):
         assert {f"{key}_before", f"{key}_after", f"{key}_delta"} <= set(metrics.columns)
     assert metrics.loc[0, "hp_steps"] == 6 and len(metrics.loc[0, "config_hash"]) == 10
     summary = pd.read_csv(res / "tables" / "summary.csv")
-    assert summary.loc[0, "n"] == 1 and "srk_after_mean" in summary.columns
+    assert summary.loc[0, "n"] == 1 and "srk_identity_after_mean" in summary.columns
     identity = metrics.loc[0, "forget_identity"]
     for kind in ("forget", "retain"):
         assert (res / "figures" / "piu" / f"{identity}_{kind}.png").stat().st_size > 0

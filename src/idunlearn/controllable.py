@@ -15,7 +15,7 @@ from .evaluation.aggregate import mean_ci  # noqa: E402
 from .unlearning.optimisers import epsilon_at  # noqa: E402
 
 TAIL = 0.1  # the last 10% of steps: the objectives "at the end of training", averaged over batches
-PARETO_METRICS = ["ism_forget_after", "ism_retain_after", "srk_after", "kd_forget_delta", "kd_retain_delta"]
+PARETO_METRICS = ["ism_forget_after", "ism_retain_after", "srk_identity_after", "kd_forget_delta", "kd_retain_delta"]
 
 
 def final_objective(losses: pd.DataFrame, column: str) -> float:

@@ -1,15 +1,30 @@
+from pathlib import Path
+
 import pandas as pd
 
-from idunlearn.evaluation.aggregate import metrics_row, summarise
+from idunlearn.evaluation.aggregate import metrics_row, summarise, summary_long, summary_markdown, summary_rst
 from idunlearn.evaluation.metrics import METRIC_KEYS
-from idunlearn.io import read_json, write_csv, write_parquet
+from idunlearn.evaluation.statistics import sample_counts
+from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
 from idunlearn.runlog import stage_log
+
+SAMPLE_COLUMNS = ["kind", "target_identity", "predicted_identity"]
+
+
+def counts_by_folder(paths) -> dict:
+    """Evaluation folder -> ``sample_counts`` of its per-sample table (samples.parquet sits beside metrics.json)."""
+    return {Path(p).parent: sample_counts(pd.read_parquet(p, columns=SAMPLE_COLUMNS)) for p in paths}
+
 
 with stage_log(snakemake.log[0], "aggregate") as log:
     i, out, runs = snakemake.input, snakemake.output, snakemake.params.runs
     selections = pd.read_parquet(i.selections).set_index("forget_identity", drop=False)
-    before = {m["forget_identity"]: m for m in map(read_json, i.before)}
-    rows, costs = [], []
+    before, before_counts, folder_counts = {}, {}, counts_by_folder([*i.before_samples, *i.after_samples])
+    for path in i.before:
+        metrics = read_json(path)
+        before[metrics["forget_identity"]] = metrics
+        before_counts[metrics["forget_identity"]] = folder_counts[Path(path).parent]
+    rows, costs, counts = [], [], []
     for after_path, timings_path in zip(i.after, i.timings):
         after, timings = read_json(after_path), read_json(timings_path)
         run, identity = timings["run_name"], after["forget_identity"]
@@ -18,12 +33,24 @@ with stage_log(snakemake.log[0], "aggregate") as log:
                      "kd_features": after["kd_features"], "quality_measure": after["quality_measure"]})
         costs.append({"run": run, "forget_identity": identity,
                       **{k: timings[k] for k in ("steps", "trainable_parameters", "seconds_per_step")}})
+        for phase, c in (("before", before_counts[identity]), ("after", folder_counts[Path(after_path).parent])):
+            counts.append({"run": run, "phase": phase, "forget_identity": identity, **c})
     metrics = pd.DataFrame(rows).sort_values(["run", "forget_identity"]).reset_index(drop=True)
+    counts = pd.DataFrame(counts).sort_values(["run", "phase", "forget_identity"]).reset_index(drop=True)
     values = [c for c in metrics.columns if c.rsplit("_", 1)[-1] in ("before", "after", "delta")]
     summary = summarise(metrics, ["run"], values)
-    log.info("\n%s", summary.T.to_string())
+    long = summary_long(metrics, counts, METRIC_KEYS, snakemake.params.seed)
+    primary = next(iter(runs))
+    identities = metrics.loc[metrics["run"] == primary, "forget_identity"].tolist()
+    log.info("\n%s", long.to_string())
     write_parquet(metrics, out.metrics)
     write_csv(metrics, out.metrics_csv)
+    write_parquet(counts, out.counts)
     write_parquet(summary, out.summary)
     write_csv(summary, out.summary_csv)
+    write_csv(long, out.summary_long)
+    with atomic_path(out.summary_md) as tmp:
+        tmp.write_text(summary_markdown(long, primary, identities))
+    with atomic_path(out.summary_rst) as tmp:
+        tmp.write_text(summary_rst(long, primary, identities))
     write_csv(pd.DataFrame(costs).sort_values(["run", "forget_identity"]), out.costs)

@@ -1,4 +1,5 @@
-"""Aggregation of per-run metrics: means with Student-t confidence intervals, and before/after columns.
+"""Aggregation of per-run metrics: means with Student-t confidence intervals, before/after columns, the tidy
+per-run summary with the pooled SRK, and its headline table.
 
 NaN handling: a NaN value means "not measured" and is left out, so each statistic is over the non-NaN values only
 (``summarise`` reports that count as ``<col>_n`` beside the group's row count ``n``). No values left gives a NaN
@@ -9,21 +10,9 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping
 
-import numpy as np
 import pandas as pd
-from scipy import stats
 
-
-def mean_ci(values, confidence: float = 0.95) -> tuple[float, float]:
-    """Mean and half width of its two-sided Student-t confidence interval, over the non-NaN ``values``."""
-    x = np.asarray(values, np.float64).ravel()
-    x = x[~np.isnan(x)]
-    mean = float(x.mean()) if len(x) else float("nan")
-    if len(x) < 2:
-        return mean, float("nan")
-    # half width = t_{(1 + confidence)/2, n-1} * s / sqrt(n), s the sample standard deviation (ddof = 1)
-    half_width = stats.t.ppf((1.0 + confidence) / 2.0, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
-    return mean, float(half_width)
+from .statistics import COUNT_COLUMNS, bootstrap_pooled, mean_ci, pooled_difference, pooled_srk
 
 
 def summarise(metrics: pd.DataFrame, group_cols: list[str], value_cols: list[str]) -> pd.DataFrame:
@@ -62,3 +51,90 @@ def metrics_row(run: str, run_settings: dict, selection_row: dict, before: Mappi
     settings = {f"hp_{k}": (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in sorted(run_settings.items())}
     return {"run": run, "config_hash": config_hash(run_settings), **selection_row, **settings,
             **before_after(before, after, keys)}
+
+
+# ----- tidy per-run summary and its headline ---------------------------------------------------------------------
+
+PHASES = ("before", "after", "delta")
+HEADLINE = {"ism_forget": "forget ISM", "ism_retain": "retain ISM", "srk": "SRK (pooled)",
+            "detection_rate_forget": "detection forget", "detection_rate_retain": "detection retain",
+            "kd_forget": "KD forget", "kd_retain": "KD retain", "quality_forget": "quality forget",
+            "quality_retain": "quality retain"}
+SUMMARY_NOTE = ("Cells: value (95% interval) over the run's forget identities; SRK is pooled over all samples of all "
+                "forget identities (PIU eqs. 8-10) with an identity-bootstrap interval, every other metric is a mean "
+                "over identities with a Student-t interval. Per-identity SRK is the separate metric srk_identity.")
+
+
+def identity_counts(counts: pd.DataFrame, run: str, phase: str) -> pd.DataFrame:
+    """One run's and phase's ``sample_counts`` per forget identity (index), from the counts table."""
+    part = counts[(counts["run"] == run) & (counts["phase"] == phase)]
+    return part.set_index("forget_identity")[COUNT_COLUMNS].sort_index()
+
+
+def summary_long(metrics: pd.DataFrame, counts: pd.DataFrame, keys: Iterable[str], seed: int) -> pd.DataFrame:
+    """Tidy summary, one row per (run, metric, phase): ``mean``, ``ci_low``, ``ci_high`` and ``n`` (identities).
+    Metric ``srk`` is the pooled SRK of the run's per-sample counts with its identity-bootstrap interval (delta:
+    paired over identities); every other metric is the mean over identities with its Student-t interval."""
+    records = []
+    for run, part in metrics.groupby("run", sort=True):
+        before, after = identity_counts(counts, run, "before"), identity_counts(counts, run, "after")
+        pooled = {"before": (len(before), *bootstrap_pooled(before, pooled_srk, seed)),
+                  "after": (len(after), *bootstrap_pooled(after, pooled_srk, seed)),
+                  "delta": pooled_difference(before, after, pooled_srk, seed)}
+        for phase, (n, value, low, high) in pooled.items():
+            records.append({"run": run, "metric": "srk", "phase": phase, "mean": value, "ci_low": low,
+                            "ci_high": high, "n": n})
+        for key in keys:
+            for phase in PHASES:
+                column = part[f"{key}_{phase}"]
+                mean, half = mean_ci(column)
+                records.append({"run": run, "metric": key, "phase": phase, "mean": mean, "ci_low": mean - half,
+                                "ci_high": mean + half, "n": int(column.notna().sum())})
+    return pd.DataFrame.from_records(records, columns=["run", "metric", "phase", "mean", "ci_low", "ci_high", "n"])
+
+
+def _cell(row) -> str:
+    return f"{row['mean']:.3f} ({row['ci_low']:.3f} to {row['ci_high']:.3f})"
+
+
+def headline_table(long: pd.DataFrame) -> list[list[str]]:
+    """Header and one row per (run, before/after) of the headline metrics, cells formatted by ``_cell``."""
+    cells = long.set_index(["run", "phase", "metric"])
+    rows = [["run", "phase", "identities", *HEADLINE.values()]]
+    for run in long["run"].unique():
+        for phase in ("before", "after"):
+            n = int(cells.loc[(run, phase, "srk"), "n"])
+            rows.append([run, phase, str(n), *(_cell(cells.loc[(run, phase, m)]) for m in HEADLINE)])
+    return rows
+
+
+def headline_sentences(long: pd.DataFrame, run: str, identities: Iterable[int]) -> str:
+    """Two sentences on ``run``: what was forgotten, and what it cost everyone else."""
+    v = long[long["run"] == run].set_index(["metric", "phase"])["mean"]
+    ids = [str(i) for i in identities]
+    return (f"Run {run} made the generator forget {len(ids)} identities ({', '.join(ids)}): their forget ISM went "
+            f"from {v['ism_forget', 'before']:.3f} to {v['ism_forget', 'after']:.3f} and the pooled SRK from "
+            f"{v['srk', 'before']:.2f} to {v['srk', 'after']:.2f}. "
+            f"Everyone else paid with retain ISM going from {v['ism_retain', 'before']:.3f} to "
+            f"{v['ism_retain', 'after']:.3f}, the retain detection rate from "
+            f"{v['detection_rate_retain', 'before']:.3f} to {v['detection_rate_retain', 'after']:.3f}, "
+            f"a retain KD change of {v['kd_retain', 'delta']:+.4f} and a retain quality change of "
+            f"{v['quality_retain', 'delta']:+.4f}.")
+
+
+def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) -> str:
+    """``summary.md``: the two sentences on ``run`` and the headline table of every run."""
+    header, *rows = headline_table(long)
+    lines = ["# What was forgotten, and at what cost", "", headline_sentences(long, run, identities), "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"
+
+
+def summary_rst(long: pd.DataFrame, run: str, identities: Iterable[int]) -> str:
+    """The same content as ``summary_markdown`` in reStructuredText, included by the report's landing page."""
+    header, *rows = headline_table(long)
+    lines = [headline_sentences(long, run, identities), "", ".. csv-table:: Headline metrics per run",
+             "   :header-rows: 1", ""]
+    lines += ["   " + ", ".join(f'"{cell}"' for cell in row) for row in [header, *rows]]
+    return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"

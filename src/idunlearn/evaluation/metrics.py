@@ -8,15 +8,16 @@ import pandas as pd
 from .identity import accuracy, srk
 from .kernel import kernel_distance
 
-METRIC_KEYS = ["ism_forget", "ism_retain", "acc_forget", "acc_retain", "srk", "anchor_ism_forget",
+METRIC_KEYS = ["ism_forget", "ism_retain", "acc_forget", "acc_retain", "srk_identity", "anchor_ism_forget",
                "anchor_ism_retain", "detection_rate_forget", "detection_rate_retain", "kd_forget", "kd_retain",
                "quality_forget", "quality_retain"]
 
 
 def run_metrics(scored: pd.DataFrame, features: np.ndarray, reference_features: np.ndarray, kd_cfg: dict) -> dict:
-    """ISM (eq. 7), AccU / AccR (eqs. 8-9), SRK (eq. 10), anchor ISM, detection rate, kernel distance to the
-    retain-validation real images, and face quality (mean of the ``quality`` column over detected faces: eDifFIQA
-    or the offline proxy, see quality.py).
+    """ISM (eq. 7), AccU / AccR (eqs. 8-9), this identity's own SRK (eq. 10 on its samples only, ``srk_identity``;
+    the paper's SRK pools all forget identities: ``statistics.pooled_srk``), anchor ISM, detection rate, kernel
+    distance to the retain-validation real images, and face quality (mean of the ``quality`` column over detected
+    faces: eDifFIQA or the offline proxy, see quality.py).
 
     ``features``: KD features of the samples, row-aligned with ``scored``.
     """
@@ -32,5 +33,5 @@ def run_metrics(scored: pd.DataFrame, features: np.ndarray, reference_features: 
                                             kd_cfg["max_subset_size"], kd_cfg["seed"])
         detected = part.loc[part["detected"], "quality"]
         out[f"quality_{kind}"] = float(detected.mean()) if len(detected) else float("nan")
-    out["srk"] = srk(out["acc_retain"], out["acc_forget"])
+    out["srk_identity"] = srk(out["acc_retain"], out["acc_forget"])
     return out

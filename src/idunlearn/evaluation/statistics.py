@@ -1,0 +1,134 @@
+"""The statistics behind every reported number and verdict: pooled identity metrics (PIU eqs. 8-10), Student-t and
+identity-bootstrap intervals, and paired comparisons of two runs on the same forget identities (Wilcoxon signed-rank
+test in the claimed direction, Holm correction across the claims of one table).
+
+The unit of resampling is the forget identity: samples of one identity share its conditions and its unlearned model,
+so they are not independent draws. NaN means "not measured" and is left out."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .identity import srk
+
+N_BOOTSTRAP = 2000  # identity resamples per bootstrap interval
+CONFIDENCE = 0.95
+ALPHA = 0.05  # level at which a (Holm-corrected) test "establishes" a claim
+COUNT_COLUMNS = ["forget_n", "forget_hits", "retain_n", "retain_hits"]
+
+Statistic = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+
+def mean_ci(values, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Mean and half width of its two-sided Student-t confidence interval, over the non-NaN ``values``
+    (NaN half width below two values)."""
+    x = np.asarray(values, np.float64).ravel()
+    x = x[~np.isnan(x)]
+    mean = float(x.mean()) if len(x) else float("nan")
+    if len(x) < 2:
+        return mean, float("nan")
+    # Student-t interval: half width = t_{(1 + confidence)/2, n-1} * s / sqrt(n), s the sample sd (ddof = 1)
+    half_width = stats.t.ppf((1.0 + confidence) / 2.0, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+    return mean, float(half_width)
+
+
+def sample_counts(samples: pd.DataFrame) -> dict:
+    """One evaluation's per-sample table (``kind``, ``target_identity``, ``predicted_identity``) reduced to the
+    numerators and denominators of Acc_U and Acc_R: ``forget_n``, ``forget_hits``, ``retain_n``, ``retain_hits``."""
+    hits = samples["predicted_identity"].to_numpy() == samples["target_identity"].to_numpy()
+    out = {}
+    for kind in ("forget", "retain"):
+        mask = (samples["kind"] == kind).to_numpy()
+        out[f"{kind}_n"], out[f"{kind}_hits"] = int(mask.sum()), int(hits[mask].sum())
+    return out
+
+
+def pooled_srk(sums: Mapping[str, np.ndarray]) -> np.ndarray:
+    """SRK of pooled counts (sums of ``sample_counts`` over identities; arrays give one SRK per entry)."""
+    # PIU eqs. 8-10: Acc_U and Acc_R over all forget / retain samples of all forget identities, then one ratio
+    return srk(np.divide(sums["retain_hits"], sums["retain_n"]), np.divide(sums["forget_hits"], sums["forget_n"]))
+
+
+def bootstrap_pooled(table: pd.DataFrame, statistic: Statistic, seed: int, n_boot: int = N_BOOTSTRAP,
+                     confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """A pooled statistic and its percentile bootstrap interval over identities. ``table``: one row per identity of
+    additive quantities (counts, sums); ``statistic``: column -> column sums (scalars, or arrays over resamples) to
+    the statistic. Identities are resampled with replacement and the statistic recomputed on the resampled sums.
+    Returns (value, low, high); the interval is NaN below two identities."""
+    columns = {c: table[c].to_numpy(np.float64) for c in table.columns}
+    value = float(statistic({c: v.sum() for c, v in columns.items()}))
+    if len(table) < 2:
+        return value, float("nan"), float("nan")
+    picks = np.random.default_rng(seed).integers(0, len(table), size=(n_boot, len(table)))
+    replicates = np.asarray(statistic({c: v[picks].sum(axis=1) for c, v in columns.items()}), np.float64)
+    # percentile bootstrap interval (Efron and Tibshirani 1993, ch. 13)
+    low, high = np.quantile(replicates, [(1.0 - confidence) / 2.0, (1.0 + confidence) / 2.0])
+    return value, float(low), float(high)
+
+
+def _prefixed(sums: Mapping[str, np.ndarray], prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in sums.items() if k.startswith(prefix)}
+
+
+def pooled_difference(a: pd.DataFrame, b: pd.DataFrame, statistic: Statistic, seed: int,
+                      n_boot: int = N_BOOTSTRAP) -> tuple[int, float, float, float]:
+    """statistic(b) - statistic(a) on the identities (index) both tables have, with a paired bootstrap interval:
+    each resample draws identities once and takes both tables' rows of them. Returns (n, value, low, high)."""
+    both = a.index.intersection(b.index)
+    joined = pd.concat([a.loc[both].add_prefix("a."), b.loc[both].add_prefix("b.")], axis=1)
+    value, low, high = bootstrap_pooled(
+        joined, lambda s: statistic(_prefixed(s, "b.")) - statistic(_prefixed(s, "a.")), seed, n_boot)
+    return len(both), value, low, high
+
+
+def paired_differences(a: pd.Series, b: pd.Series) -> pd.Series:
+    """b - a per forget identity (index), over the identities where both are measured."""
+    both = a.dropna().index.intersection(b.dropna().index).sort_values()
+    return b.loc[both] - a.loc[both]
+
+
+def wilcoxon_p(differences, direction: int = 0) -> float:
+    """Wilcoxon signed-rank p-value of paired differences: one-sided in ``direction`` (+1: they tend to be positive,
+    -1: negative), two-sided for 0. All differences zero: 1.0 (no evidence of any effect; scipy would fail); fewer
+    than two: NaN (untestable)."""
+    d = np.asarray(differences, np.float64)
+    if len(d) < 2:
+        return float("nan")
+    if not np.any(d != 0):
+        return 1.0
+    alternative = {1: "greater", -1: "less", 0: "two-sided"}[direction]
+    # Wilcoxon (1945) signed-rank test; zero differences dropped (zero_method "wilcox"), exact for small n
+    return float(stats.wilcoxon(d, alternative=alternative).pvalue)
+
+
+def mean_difference(differences: pd.Series, seed: int, direction: int = 0, n_boot: int = N_BOOTSTRAP) -> dict:
+    """Mean of paired differences with its bootstrap and Student-t 95% intervals, and the Wilcoxon p-value
+    (one-sided in ``direction``, see ``wilcoxon_p``)."""
+    ones = pd.DataFrame({"diff": differences.to_numpy(np.float64), "n": 1.0})
+    mean, boot_low, boot_high = bootstrap_pooled(ones, lambda s: s["diff"] / s["n"], seed, n_boot)
+    _, half = mean_ci(differences)
+    return {"n": len(differences), "mean_diff": mean, "boot_low": boot_low, "boot_high": boot_high,
+            "t_low": mean - half, "t_high": mean + half, "p_wilcoxon": wilcoxon_p(differences, direction)}
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm-adjusted p-values of one family of tests; NaN (untestable) entries stay NaN and are not counted."""
+    p = np.asarray(pvalues, np.float64)
+    out = np.full(p.shape, np.nan)
+    tested = np.flatnonzero(~np.isnan(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m = len(order)
+    # Holm (1979) step-down: the i-th smallest p (i = 0..m-1) times (m - i), running maximum, capped at 1
+    out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+    return out
+
+
+def verdict(effect: float, p_corrected: float, direction: int, alpha: float = ALPHA) -> tuple[bool, bool]:
+    """(holds in direction, established): the effect has the claimed sign (``direction`` +1: b > a, -1: b < a);
+    established only if it also does so with a corrected p-value below ``alpha``."""
+    holds = bool(np.sign(effect) == direction)
+    return holds, bool(holds and p_corrected < alpha)

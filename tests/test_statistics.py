@@ -1,0 +1,104 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from idunlearn.evaluation.identity import accuracy, srk
+from idunlearn.evaluation.statistics import (bootstrap_pooled, holm, mean_difference, paired_differences,
+                                             pooled_difference, pooled_srk, sample_counts, verdict, wilcoxon_p)
+
+
+def samples(forget_identity: int, forget_hits: int, retain_hits: int, n: int = 4) -> pd.DataFrame:
+    """A per-sample table: n forget samples of ``forget_identity`` and n retain samples of identity 100; the first
+    ``*_hits`` of each kind are predicted as their own identity, the rest as identity 999."""
+    kind = ["forget"] * n + ["retain"] * n
+    target = [forget_identity] * n + [100] * n
+    predicted = [t if (i % n) < (forget_hits if k == "forget" else retain_hits) else 999
+                 for i, (k, t) in enumerate(zip(kind, target))]
+    return pd.DataFrame({"kind": kind, "target_identity": target, "predicted_identity": predicted})
+
+
+def counts_of(tables: dict[int, pd.DataFrame]) -> pd.DataFrame:
+    return pd.DataFrame([sample_counts(t) for t in tables.values()], index=list(tables))
+
+
+def test_pooled_srk_differs_from_the_mean_of_per_identity_ratios():
+    # identity 1: Acc_U 0/4, Acc_R 4/4 -> SRK 1 / 0.01 = 100; identity 2: Acc_U 2/4, Acc_R 2/4 -> 0.5 / 0.51
+    tables = {1: samples(1, forget_hits=0, retain_hits=4), 2: samples(2, forget_hits=2, retain_hits=2)}
+    assert sample_counts(tables[2]) == {"forget_n": 4, "forget_hits": 2, "retain_n": 4, "retain_hits": 2}
+    per_identity = [srk(accuracy(t.loc[t.kind == "retain", "predicted_identity"], t.loc[t.kind == "retain",
+                                                                                       "target_identity"]),
+                        accuracy(t.loc[t.kind == "forget", "predicted_identity"], t.loc[t.kind == "forget",
+                                                                                        "target_identity"]))
+                    for t in tables.values()]
+    assert per_identity == pytest.approx([100.0, 0.5 / 0.51])
+    assert np.mean(per_identity) == pytest.approx(50.490196, rel=1e-6)
+    # pooled (PIU eqs. 8-10): Acc_U = 2/8, Acc_R = 6/8, SRK = 0.75 / 0.26
+    assert pooled_srk(counts_of(tables).sum()) == pytest.approx(0.75 / 0.26)
+    assert pooled_srk(counts_of(tables).sum()) == pytest.approx(2.884615, rel=1e-6)
+
+
+def test_bootstrap_over_identities_takes_the_pooled_ratio_of_resampled_identities():
+    counts = counts_of({1: samples(1, 0, 4), 2: samples(2, 2, 2)})
+    value, low, high = bootstrap_pooled(counts, pooled_srk, seed=0)
+    # a resample of two identities is {1, 1} (SRK 100), {1, 2} (2.885) or {2, 2} (0.980), each end with chance
+    # 1/4 > 2.5%, so the percentile interval spans exactly the two single-identity SRKs
+    assert value == pytest.approx(0.75 / 0.26)
+    assert (low, high) == pytest.approx((0.5 / 0.51, 100.0))
+    assert bootstrap_pooled(counts, pooled_srk, seed=0) == bootstrap_pooled(counts, pooled_srk, seed=0)
+    # identities that all agree leave no spread; one identity leaves no interval
+    same = counts_of({i: samples(i, 1, 3) for i in range(5)})
+    assert bootstrap_pooled(same, pooled_srk, seed=1) == pytest.approx((0.75 / 0.26,) * 3)
+    single = bootstrap_pooled(counts.iloc[:1], pooled_srk, seed=0)
+    assert single[0] == pytest.approx(100.0) and math.isnan(single[1]) and math.isnan(single[2])
+
+
+def test_pooled_difference_pairs_identities_present_in_both():
+    a = counts_of({1: samples(1, 4, 4), 2: samples(2, 4, 4), 3: samples(3, 4, 4)})  # SRK 1 / 1.01
+    b = counts_of({2: samples(2, 0, 4), 3: samples(3, 2, 4), 4: samples(4, 0, 0)})
+    n, value, low, high = pooled_difference(a, b, pooled_srk, seed=0)
+    # shared identities 2 and 3: b pools Acc_U 2/8, Acc_R 8/8 -> 1 / 0.26; a -> 1 / 1.01
+    assert n == 2 and value == pytest.approx(1 / 0.26 - 1 / 1.01)
+    assert (low, high) == pytest.approx((1 / 0.51 - 1 / 1.01, 100.0 - 1 / 1.01))
+
+
+def test_mean_difference_by_hand():
+    a = pd.Series([0.5, 0.5, 0.5, 0.5, 9.0], index=[1, 2, 3, 4, 5])
+    b = pd.Series([1.5, 2.5, 3.5, 4.5, np.nan], index=[1, 2, 3, 4, 5])
+    diffs = paired_differences(a, b)
+    assert diffs.index.tolist() == [1, 2, 3, 4] and diffs.tolist() == [1.0, 2.0, 3.0, 4.0]
+    out = mean_difference(diffs, seed=0)
+    # t interval: 2.5 +- t_{0.975,3} sd / sqrt(4) = 2.5 +- 3.182446 * 1.290994 / 2
+    assert out["n"] == 4 and out["mean_diff"] == pytest.approx(2.5)
+    assert (out["t_low"], out["t_high"]) == pytest.approx((2.5 - 2.05426, 2.5 + 2.05426), abs=1e-5)
+    # bootstrap means of four values lie between 1 and 4, and around 2.5
+    assert 1.0 <= out["boot_low"] < 2.5 < out["boot_high"] <= 4.0
+    # exact two-sided signed-rank p with all 4 differences positive: 2 / 2^4
+    assert out["p_wilcoxon"] == pytest.approx(2 / 16)
+
+
+def test_wilcoxon_exact_and_degenerate_cases():
+    assert wilcoxon_p(np.arange(1, 13)) == pytest.approx(2 / 2 ** 12)
+    # one-sided in the claimed direction: half of that, or 1 when every difference goes the other way
+    assert wilcoxon_p(np.arange(1, 13), +1) == pytest.approx(1 / 2 ** 12)
+    assert wilcoxon_p(np.arange(1, 13), -1) == pytest.approx(1.0)
+    assert wilcoxon_p(np.zeros(6)) == 1.0  # no difference at all: no evidence of an effect
+    assert math.isnan(wilcoxon_p([0.3]))  # one identity cannot be tested
+    assert math.isnan(wilcoxon_p([]))
+
+
+def test_holm_step_down_by_hand():
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1 = 0.03, 0.06, 0.04 -> running max 0.03, 0.06, 0.06; NaN not counted
+    assert np.allclose(holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan], equal_nan=True)
+    assert np.allclose(holm([0.5, 0.6]), [1.0, 1.0])
+    assert holm([]).size == 0
+
+
+def test_verdict_needs_direction_and_corrected_significance():
+    assert verdict(0.2, 0.01, +1) == (True, True)
+    assert verdict(0.2, 0.2, +1) == (True, False)
+    assert verdict(-0.2, 0.01, +1) == (False, False)
+    assert verdict(-0.2, 0.01, -1) == (True, True)
+    assert verdict(0.0, 0.01, +1) == (False, False)
+    assert verdict(0.2, float("nan"), +1) == (True, False)
