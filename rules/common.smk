@@ -71,8 +71,8 @@ def get_final_outputs(wildcards):
         results("tables", "summary.csv"),
         results("analysis", "layer_separation.png"),
         *expand(results("selection", "sheets", "{identity}.png"), identity=identities),
-        *expand(results("figures", "{run}", "{identity}_{kind}.png"), run=run_names(), identity=identities,
-                kind=["forget", "retain"]),
+        *[results("figures", run, f"{identity}_{kind}.png") for run, identity in run_identity_pairs()
+          for kind in ("forget", "retain")],
         *([results("tables", "study", "claims.md")] if config["study"] else []),
         *([results("figures", "pareto.png")] if config["unlearning"]["controllable"] else []),
     ]
@@ -95,5 +95,13 @@ def controllable_points():
 
 def run_outputs(kind):
     """Paths of every run x forget identity for one output of the unlearning/evaluation stages."""
-    pattern = {"metrics": rules.evaluate_unlearned.output.metrics, "timings": rules.unlearn.output.timings}[kind]
-    return expand(pattern, run=run_names(), identity=forget_identities())
+    pattern = {"metrics": rules.evaluate_unlearned.output.metrics, "samples": rules.evaluate_unlearned.output.samples,
+               "timings": rules.unlearn.output.timings}[kind]
+    return [expand(pattern, run=run, identity=identity)[0] for run, identity in run_identity_pairs()]
+
+
+def run_identity_pairs():
+    """(run, forget identity) of every unlearning job: a run with ``n_identities`` takes the first n identities."""
+    identities = forget_identities()
+    return [(run, identity) for run in run_names()
+            for identity in identities[:run_config(config, run)["n_identities"] or len(identities)]]

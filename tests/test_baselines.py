@@ -13,7 +13,8 @@ from idunlearn.faces.align import ARCFACE_TEMPLATE_112
 from idunlearn.models.layers import cross_attention_layers, select_trainable, trainable_parameter_names
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.unlearning import build_method
-from idunlearn.unlearning.conditions import dirichlet_mixtures, predicted_x0
+from idunlearn.conditions import dirichlet_mixtures
+from idunlearn.unlearning.conditions import predicted_x0
 from idunlearn.unlearning.runner import apply_changed_parameters, save_changed_parameters, unlearn
 from idunlearn.unlearning.uce import uce_edit
 
@@ -24,7 +25,7 @@ BASE = {"optimiser": "weighted_sum", "regime": "all_cross_attention", "surgical_
         "checkpoint_every": 1, "eta": 1.0, "lambda": 1.0, "preserve": True, "forget_batch": 3, "retain_batch": 2,
         "dirichlet_k": 3, "dirichlet_alpha": 1.0, "lr": 1e-3, "betas": [0.9, 0.999], "adam_eps": 1e-8,
         "weight_decay": 0.0, "uce_alpha_erase": 20.0, "uce_alpha_preserve": 1.0, "uce_lambda": 0.7,
-        "uce_preserve": 3, "wid_lambda": 0.1}
+        "uce_preserve": 3, "uce_erase_mixtures": 0, "wid_lambda": 0.1}
 
 
 
@@ -78,6 +79,36 @@ def test_uce_run_edits_to_k_and_to_v_of_every_cross_attention_as_eq34(tmp_path):
     rebuilt = apply_changed_parameters(copy.deepcopy(base), tmp_path / "delta.safetensors")
     for (n, a), (_, b) in zip(edited.unet.named_parameters(), rebuilt.unet.named_parameters()):
         torch.testing.assert_close(a, b, msg=n)
+
+
+def test_uce_erase_set_includes_dirichlet_mixtures_of_the_forget_embeddings(tmp_path):
+    """PIU appendix C.2.2: E holds the forget embeddings and their linear combinations (uce_erase_mixtures)."""
+    base, data = tiny_generator(), tiny_data()
+    run = {**BASE, "uce_erase_mixtures": 4}
+    erase_emb = build_method("uce", run).erase_embeddings(data.forget_train, np.random.default_rng(1))
+    plain = np.asarray(data.forget_train, np.float32)
+    assert len(erase_emb) == len(plain) + 4 and np.array_equal(erase_emb[:len(plain)], plain)
+    # each mixture is a unit vector with non-negative weights over the forget embeddings (least squares recovers them)
+    weights = np.linalg.lstsq(plain.T.astype(np.float64), erase_emb[len(plain):].T.astype(np.float64), rcond=None)[0]
+    assert np.allclose(np.linalg.norm(erase_emb[len(plain):], axis=1), 1.0, atol=1e-5) and (weights > -1e-5).all()
+    edited = copy.deepcopy(base)
+    unlearn(edited, build_method("uce", run), data, run, tmp_path / "s.pt", seed=4)
+    # the same edit by the independent route: replay the seeded draws (preserve choice, then the mixtures)
+    rng = np.random.default_rng(4)
+    chosen = np.sort(rng.choice(5, size=2, replace=False))
+    erase_rows = np.concatenate([plain, dirichlet_mixtures(plain, 4, rng, 3, 1.0)])
+    with torch.no_grad():
+        mean = lambda e: base.conditions(torch.from_numpy(np.asarray(e, np.float32))).mean(1)  # noqa: E731
+        erase, anchor = mean(erase_rows), mean(data.anchor_centroid[None])
+        preserve = mean(np.concatenate([data.anchor_centroid[None], data.retain_centroids[chosen]]))
+    name = sorted(n for n in trainable_parameter_names(base.unet, "all_cross_attention") if n.endswith("to_k.weight"))[0]
+    old = dict(base.unet.named_parameters())[name].detach().double()
+    expected = _lstsq_eq34(old, erase.double(), anchor.expand_as(erase).double(), preserve.double(), 20.0, 1.0, 0.7)
+    got = dict(edited.unet.named_parameters())[name].detach().double()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    plain_edit = _lstsq_eq34(old, mean(plain).double(), anchor.expand(len(plain), -1).double(), preserve.double(),
+                             20.0, 1.0, 0.7)
+    assert not torch.allclose(got, plain_edit, atol=1e-5)  # the mixtures change the edit
 
 
 def test_uce_with_alpha_erase_zero_leaves_the_weights_unchanged(tmp_path):

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..conditions import dirichlet_mixtures
 from ..models.generator import IdentityGenerator
 from .base import ClosedFormMethod, UnlearningData
 
@@ -35,13 +36,25 @@ def token_mean(conditions: torch.Tensor) -> torch.Tensor:
 class UCE(ClosedFormMethod):
     """Edit to_k and to_v of every cross-attention layer in the run's regime (the paper: all of them).
 
-    Erase set E: the conditions of the forget-train embeddings; guide c* for each: the anchor centroid's condition;
-    preservation set P: the anchor centroid and ``uce_preserve - 1`` other retain-train centroids (seeded draw).
+    Erase set E: the conditions of the forget-train embeddings and of ``uce_erase_mixtures`` Dirichlet mixtures of
+    them (PIU appendix C.2.2: "multiple conditioning embeddings ... together with their linear combinations", the
+    mixtures of Section 3.4 with PIU's ``dirichlet_k`` / ``dirichlet_alpha``; 0 gives the plain set of the public
+    reimplementation); guide c* for each: the anchor centroid's condition; preservation set P: the anchor centroid
+    and ``uce_preserve - 1`` other retain-train centroids (seeded draw).
 
-    params: uce_alpha_erase, uce_alpha_preserve, uce_lambda, uce_preserve.
+    params: uce_alpha_erase, uce_alpha_preserve, uce_lambda, uce_preserve, uce_erase_mixtures, dirichlet_k,
+    dirichlet_alpha.
     """
 
     name = "uce"
+
+    def erase_embeddings(self, forget_train: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The forget-train embeddings followed by ``uce_erase_mixtures`` Dirichlet mixtures of them."""
+        p, plain = self.params, np.asarray(forget_train, np.float32)
+        if p["uce_erase_mixtures"] == 0:
+            return plain
+        mixtures = dirichlet_mixtures(plain, p["uce_erase_mixtures"], rng, p["dirichlet_k"], p["dirichlet_alpha"])
+        return np.concatenate([plain, mixtures])
 
     def edit(self, generator: IdentityGenerator, data: UnlearningData, trainable: dict[str, nn.Parameter],
              rng: np.random.Generator) -> dict:
@@ -53,8 +66,9 @@ class UCE(ClosedFormMethod):
         others = data.require("retain_centroids", self.name)
         chosen = np.sort(rng.choice(len(others), size=min(p["uce_preserve"] - 1, len(others)), replace=False))
         preserve_emb = np.concatenate([data.anchor_centroid[None], others[chosen]]).astype(np.float32)
+        erase_emb = self.erase_embeddings(data.forget_train, rng)
         with torch.no_grad():
-            erase = token_mean(generator.conditions(torch.from_numpy(data.forget_train)))
+            erase = token_mean(generator.conditions(torch.from_numpy(erase_emb)))
             guide = token_mean(generator.conditions(torch.from_numpy(data.anchor_centroid[None]))).expand_as(erase)
             preserve = token_mean(generator.conditions(torch.from_numpy(preserve_emb)))
             terms = np.zeros(3)  # the three terms of eq. 34 after the edit, summed over the edited matrices
