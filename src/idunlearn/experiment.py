@@ -14,7 +14,7 @@ from .faces import build_face_analyser
 from .faces.analyser import FaceAnalyser, aligned_crops, load_rgb, ok_embeddings
 from .evaluation.generation import to_uint8_images
 from .identities import centroid_matrix
-from .models.generator import IdentityGenerator
+from .models.generator import IdentityGenerator, unit_rgb
 from .models.pretrain import faces_to_training_images
 from .unlearning.base import UnlearningData
 
@@ -128,8 +128,8 @@ class ReferenceImages:
 def reference_images(selection: dict, manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame,
                      generator: IdentityGenerator, batch_size: int = 64) -> ReferenceImages:
     ids = sorted(labels.loc[labels["identity"].isin(selection["retain_val_identities"]), "image_id"])
-    images = [to_uint8_images(((real_pixels(generator, manifest, faces, ids[i:i + batch_size]) + 1) / 2)
-                              .expand(-1, 3, -1, -1)) for i in range(0, len(ids), batch_size)]
+    images = [to_uint8_images(unit_rgb(real_pixels(generator, manifest, faces, ids[i:i + batch_size])))
+              for i in range(0, len(ids), batch_size)]
     return ReferenceImages(ids, np.concatenate(images))
 
 

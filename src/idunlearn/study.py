@@ -16,7 +16,8 @@ import yaml
 from scipy import stats
 
 from .config import ConfigError, sweep_runs
-from .evaluation.statistics import (COUNT_COLUMNS, bootstrap_pooled, holm, mean_ci, mean_difference,
+from .evaluation.aggregate import identity_counts
+from .evaluation.statistics import (bootstrap_pooled, holm, mean_ci, mean_difference,
                                     paired_differences, pooled_difference, pooled_srk, verdict)
 
 BEFORE = "before"
@@ -49,11 +50,7 @@ def _identity_values(metrics: pd.DataFrame, run: str, column: str) -> pd.Series:
 def _identity_counts(counts: pd.DataFrame, run: str, identities) -> pd.DataFrame:
     """Per-identity sample counts (``statistics.sample_counts``) of the original model (``run`` BEFORE) or of ``run``
     after unlearning, on ``identities``."""
-    if run == BEFORE:
-        part = counts[counts["phase"] == "before"].drop_duplicates("forget_identity")
-    else:
-        part = counts[(counts["run"] == run) & (counts["phase"] == "after")]
-    part = part.set_index("forget_identity")[COUNT_COLUMNS]
+    part = identity_counts(counts, None, "before") if run == BEFORE else identity_counts(counts, run, "after")
     return part.loc[part.index.intersection(pd.Index(identities))].sort_index()
 
 

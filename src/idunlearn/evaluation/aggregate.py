@@ -65,9 +65,11 @@ SUMMARY_NOTE = ("Cells: value (95% interval) over the run's forget identities; S
                 "over identities with a Student-t interval. Per-identity SRK is the separate metric srk_identity.")
 
 
-def identity_counts(counts: pd.DataFrame, run: str, phase: str) -> pd.DataFrame:
-    """One run's and phase's ``sample_counts`` per forget identity (index), from the counts table."""
-    part = counts[(counts["run"] == run) & (counts["phase"] == phase)]
+def identity_counts(counts: pd.DataFrame, run: str | None, phase: str) -> pd.DataFrame:
+    """One run's and phase's ``sample_counts`` per forget identity (index), from the counts table; ``run`` None:
+    one row per identity from any run (the before phase is the same original model for every run)."""
+    part = counts[counts["phase"] == phase]
+    part = part.drop_duplicates("forget_identity") if run is None else part[part["run"] == run]
     return part.set_index("forget_identity")[COUNT_COLUMNS].sort_index()
 
 

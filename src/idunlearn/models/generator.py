@@ -70,8 +70,7 @@ class IdentityGenerator(nn.Module):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Images (N, 3, H, W) in [0, 1]."""
         images = self.vae.decode(latents / self.vae_scale).sample if self.vae is not None else latents
-        images = ((images.float().clamp(-1, 1) + 1) / 2)
-        return images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
+        return unit_rgb(images)
 
     def generate(self, embeddings: torch.Tensor, noise: torch.Tensor, steps: int = 25, guidance: float = 3.0,
                  batch_size: int = 16) -> torch.Tensor:
@@ -81,6 +80,12 @@ class IdentityGenerator(nn.Module):
             cond = self.conditions(embeddings[i:i + batch_size])
             out.append(self.decode(self.sample_latents(cond, noise[i:i + batch_size], steps, guidance)).cpu())
         return torch.cat(out)
+
+
+def unit_rgb(images: torch.Tensor) -> torch.Tensor:
+    """Pixels (N, C, H, W) in [-1, 1] (clamped) -> float RGB in [0, 1]; one channel is repeated to three."""
+    images = (images.float().clamp(-1, 1) + 1) / 2
+    return images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
 
 
 def initial_noise(shape: tuple[int, ...], seeds: list[int]) -> torch.Tensor:

@@ -9,7 +9,7 @@ from torch.nn.functional import interpolate, mse_loss, normalize
 
 from ..conditions import dirichlet_mixtures
 from ..faces.align import ALIGNED_SIZE
-from ..models.generator import IdentityGenerator
+from ..models.generator import IdentityGenerator, unit_rgb
 from .base import Objectives, UnlearningData
 from .conditions import noised, predicted_x0
 from .piu import PIU
@@ -22,8 +22,7 @@ def recognizer_input(generator: IdentityGenerator, latents: torch.Tensor) -> tor
     the mini generator, whose frames are template-aligned faces; only approximate for Arc2Face's 512 px frames."""
     vae = generator.vae
     images = vae.decode((latents / generator.vae_scale).to(vae.dtype)).sample if vae is not None else latents
-    images = (images.float().clamp(-1, 1) + 1) / 2
-    images = images.expand(-1, 3, -1, -1) if images.shape[1] == 1 else images
+    images = unit_rgb(images)
     if images.shape[-1] != ALIGNED_SIZE:
         images = interpolate(images, size=(ALIGNED_SIZE,) * 2, mode="bicubic", align_corners=False)
     return images.clamp(0, 1) * 255
