@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from idunlearn.evaluation.identity import accuracy, srk
-from idunlearn.evaluation.statistics import (bootstrap_pooled, holm, mean_difference, paired_differences,
+from idunlearn.evaluation.statistics import (bootstrap_mean, bootstrap_pooled, holm, mean_ci, mean_difference,
+                                             paired_differences,
                                              pooled_difference, pooled_srk, sample_counts, verdict, wilcoxon_p)
 
 
@@ -61,6 +62,20 @@ def test_pooled_difference_pairs_identities_present_in_both():
     # shared identities 2 and 3: b pools Acc_U 2/8, Acc_R 8/8 -> 1 / 0.26; a -> 1 / 1.01
     assert n == 2 and value == pytest.approx(1 / 0.26 - 1 / 1.01)
     assert (low, high) == pytest.approx((1 / 0.51 - 1 / 1.01, 100.0 - 1 / 1.01))
+
+
+def test_bootstrap_mean_by_hand_and_inside_the_range_of_a_rate():
+    # two identities, rates 0 and 1: resampled means are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4, so the 2.5% and
+    # 97.5% quantiles of 2000 resamples are 0 and 1 (each end has ~500 resamples)
+    assert bootstrap_mean([0.0, 1.0, np.nan], seed=0) == (0.5, 0.0, 1.0)
+    # detection rates near 1: the t interval passes 1, the bootstrap interval stays within [0.75, 1]
+    rates = [1.0, 1.0, 1.0, 0.75]
+    mean, half = mean_ci(rates)
+    assert mean + half > 1.0
+    value, low, high = bootstrap_mean(rates, seed=0)
+    assert value == pytest.approx(0.9375) and 0.75 <= low < value < high <= 1.0
+    assert all(math.isnan(v) for v in bootstrap_mean([np.nan], seed=0))
+    assert bootstrap_mean([0.3], seed=0)[0] == 0.3 and math.isnan(bootstrap_mean([0.3], seed=0)[1])
 
 
 def test_mean_difference_by_hand():

@@ -17,7 +17,7 @@ from scipy import stats
 
 from .config import ConfigError, sweep_runs
 from .evaluation.aggregate import identity_counts
-from .evaluation.statistics import (bootstrap_pooled, holm, mean_ci, mean_difference,
+from .evaluation.statistics import (bootstrap_mean, bootstrap_pooled, holm, mean_difference,
                                     paired_differences, pooled_difference, pooled_srk, verdict)
 
 BEFORE = "before"
@@ -58,8 +58,8 @@ def build_table(rows: list[tuple[str, str]], metric_names: list[str], metrics: p
                 paper_rows: dict, seed: int) -> pd.DataFrame:
     """One row per (label, run): identities, then per metric our value over forget identities with its 95% interval
     (``_ci_low``, ``_ci_high``) and the paper's value. ``srk`` is the pooled SRK (PIU eqs. 8-10) with an identity-
-    bootstrap interval, beside the mean per-identity ``srk_identity``; other metrics are means with Student-t
-    intervals. ``*_delta`` metrics are after - before; others are after-unlearning values, or the original model's
+    bootstrap interval, beside the mean per-identity ``srk_identity``; other metrics are means with identity-
+    bootstrap intervals. ``*_delta`` metrics are after - before; others are after-unlearning values, or the original model's
     (``before`` row: every forget identity of the table's runs, once)."""
     runs = [run for _, run in rows if run != BEFORE]
     missing = sorted(set(runs) - set(metrics["run"]))
@@ -76,22 +76,22 @@ def build_table(rows: list[tuple[str, str]], metric_names: list[str], metrics: p
                 record["srk"], record["srk_ci_low"], record["srk_ci_high"] = bootstrap_pooled(
                     _identity_counts(counts, run, per_identity.index), pooled_srk, seed)
                 record["srk_paper"] = paper
-                _put(record, "srk_identity", per_identity)
+                _put(record, "srk_identity", per_identity, seed)
                 continue
             if name.endswith("_delta"):
                 values = [] if run == BEFORE else table_metrics.loc[table_metrics["run"] == run, name]
             else:
                 values = _identity_values(table_metrics, run, name)
-            _put(record, name, values)
+            _put(record, name, values, seed)
             record[f"{name}_paper"] = paper
         records.append(record)
     return pd.DataFrame.from_records(records)
 
 
-def _put(record: dict, name: str, values) -> None:
-    """``name``, ``name_ci_low``, ``name_ci_high``: the mean of ``values`` and its Student-t 95% interval."""
-    mean, half = mean_ci(values)
-    record[name], record[f"{name}_ci_low"], record[f"{name}_ci_high"] = mean, mean - half, mean + half
+def _put(record: dict, name: str, values, seed: int) -> None:
+    """``name``, ``name_ci_low``, ``name_ci_high``: the mean of ``values`` (one per identity) and its identity-
+    bootstrap 95% interval."""
+    record[name], record[f"{name}_ci_low"], record[f"{name}_ci_high"] = bootstrap_mean(values, seed)
 
 
 def build_study(metrics: pd.DataFrame, counts: pd.DataFrame, config: dict) -> dict[str, pd.DataFrame]:

@@ -1,5 +1,5 @@
-"""Aggregation of per-run metrics: means with Student-t confidence intervals, before/after columns, the tidy
-per-run summary with the pooled SRK, and its headline table.
+"""Aggregation of per-run metrics: means with Student-t confidence intervals (the wide summary), before/after
+columns, the tidy per-run summary with the pooled SRK and identity-bootstrap intervals, and its headline table.
 
 NaN handling: a NaN value means "not measured" and is left out, so each statistic is over the non-NaN values only
 (``summarise`` reports that count as ``<col>_n`` beside the group's row count ``n``). No values left gives a NaN
@@ -12,7 +12,8 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-from .statistics import COUNT_COLUMNS, bootstrap_pooled, mean_ci, pooled_difference, pooled_srk
+from .statistics import (COUNT_COLUMNS, bootstrap_mean, bootstrap_pooled, mean_ci, pooled_difference,
+                         pooled_srk)
 
 
 def summarise(metrics: pd.DataFrame, group_cols: list[str], value_cols: list[str]) -> pd.DataFrame:
@@ -61,8 +62,8 @@ HEADLINE = {"ism_forget": "forget ISM", "ism_retain": "retain ISM", "srk": "SRK 
             "kd_forget": "KD forget", "kd_retain": "KD retain", "quality_forget": "quality forget",
             "quality_retain": "quality retain"}
 SUMMARY_NOTE = ("Cells: value (95% interval) over the run's forget identities; SRK is pooled over all samples of all "
-                "forget identities (PIU eqs. 8-10) with an identity-bootstrap interval, every other metric is a mean "
-                "over identities with a Student-t interval. Per-identity SRK is the separate metric srk_identity.")
+                "forget identities (PIU eqs. 8-10), every other metric is a mean over identities; the intervals are "
+                "percentile bootstraps over identities. Per-identity SRK is the separate metric srk_identity.")
 
 
 def identity_counts(counts: pd.DataFrame, run: str | None, phase: str) -> pd.DataFrame:
@@ -76,7 +77,8 @@ def identity_counts(counts: pd.DataFrame, run: str | None, phase: str) -> pd.Dat
 def summary_long(metrics: pd.DataFrame, counts: pd.DataFrame, keys: Iterable[str], seed: int) -> pd.DataFrame:
     """Tidy summary, one row per (run, metric, phase): ``mean``, ``ci_low``, ``ci_high`` and ``n`` (identities).
     Metric ``srk`` is the pooled SRK of the run's per-sample counts with its identity-bootstrap interval (delta:
-    paired over identities); every other metric is the mean over identities with its Student-t interval."""
+    paired over identities); every other metric is the mean over identities with its identity-bootstrap interval
+    (``bootstrap_mean``: inside the values' range, so rates keep their bounds)."""
     records = []
     for run, part in metrics.groupby("run", sort=True):
         before, after = identity_counts(counts, run, "before"), identity_counts(counts, run, "after")
@@ -89,9 +91,9 @@ def summary_long(metrics: pd.DataFrame, counts: pd.DataFrame, keys: Iterable[str
         for key in keys:
             for phase in PHASES:
                 column = part[f"{key}_{phase}"]
-                mean, half = mean_ci(column)
-                records.append({"run": run, "metric": key, "phase": phase, "mean": mean, "ci_low": mean - half,
-                                "ci_high": mean + half, "n": int(column.notna().sum())})
+                mean, low, high = bootstrap_mean(column, seed)
+                records.append({"run": run, "metric": key, "phase": phase, "mean": mean, "ci_low": low,
+                                "ci_high": high, "n": int(column.notna().sum())})
     return pd.DataFrame.from_records(records, columns=["run", "metric", "phase", "mean", "ci_low", "ci_high", "n"])
 
 

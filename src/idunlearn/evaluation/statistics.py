@@ -1,5 +1,5 @@
-"""The statistics behind every reported number and verdict: pooled identity metrics (PIU eqs. 8-10), Student-t and
-identity-bootstrap intervals, and paired comparisons of two runs on the same forget identities (Wilcoxon signed-rank
+"""The statistics behind every reported number and verdict: pooled identity metrics (PIU eqs. 8-10), identity-
+bootstrap and Student-t intervals, and paired comparisons of two runs on the same forget identities (Wilcoxon signed-rank
 test in the claimed direction, Holm correction across the claims of one table).
 
 The unit of resampling is the forget identity: samples of one identity share its conditions and its unlearned model,
@@ -105,11 +105,21 @@ def wilcoxon_p(differences, direction: int = 0) -> float:
     return float(stats.wilcoxon(d, alternative=alternative).pvalue)
 
 
+def bootstrap_mean(values, seed: int, n_boot: int = N_BOOTSTRAP) -> tuple[float, float, float]:
+    """Mean of the non-NaN ``values`` (one per identity) and its percentile bootstrap interval over identities.
+    The interval lies within the values' range, so a rate keeps its bounds (a Student-t interval of a rate near 1
+    can pass 1). Returns (mean, low, high); NaN where nothing is measured, the interval NaN below two values."""
+    x = np.asarray(values, np.float64).ravel()
+    x = x[~np.isnan(x)]
+    if not len(x):
+        return float("nan"), float("nan"), float("nan")
+    return bootstrap_pooled(pd.DataFrame({"value": x, "n": 1.0}), lambda s: s["value"] / s["n"], seed, n_boot)
+
+
 def mean_difference(differences: pd.Series, seed: int, direction: int = 0, n_boot: int = N_BOOTSTRAP) -> dict:
     """Mean of paired differences with its bootstrap and Student-t 95% intervals, and the Wilcoxon p-value
     (one-sided in ``direction``, see ``wilcoxon_p``)."""
-    ones = pd.DataFrame({"diff": differences.to_numpy(np.float64), "n": 1.0})
-    mean, boot_low, boot_high = bootstrap_pooled(ones, lambda s: s["diff"] / s["n"], seed, n_boot)
+    mean, boot_low, boot_high = bootstrap_mean(differences, seed, n_boot)
     _, half = mean_ci(differences)
     return {"n": len(differences), "mean_diff": mean, "boot_low": boot_low, "boot_high": boot_high,
             "t_low": mean - half, "t_high": mean + half, "p_wilcoxon": wilcoxon_p(differences, direction)}
