@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from idunlearn.bench_cli import main
-from idunlearn.benchmarks import benchmark_piu
+from idunlearn.benchmarks import benchmark_piu, benchmark_preset
 from idunlearn.models.arc2face import tiny_arc2face
 
 
@@ -21,7 +21,7 @@ def test_tiny_preset_through_the_cli_writes_a_sane_record(tmp_path):
     assert result["preset"] == "tiny" and result["timed_steps"] == len(result["seconds_per_step_all"]) == 2
     assert result["seconds_per_step"] > 0
     assert result["projected_seconds_per_identity"] == pytest.approx(result["seconds_per_step"] * 400)
-    assert result["flops_per_step"] > 0 and result["achieved_tflops"] > 0
+    assert result["flops_per_step"] > 0 and result["achieved_tflops"] > 0 and result["reference_matmul_tflops"] > 0
     assert result["peak_memory_bytes"] > 0
     assert 0 < result["trainable_parameters"] < result["unet_parameters"]
     assert {"torch", "device_name", "cpu_count"} <= set(result["machine"]) and result["machine"]["device"] == "cpu"
@@ -39,3 +39,10 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_counts_the_same_flops():
 def test_unknown_dtype_is_rejected():
     with pytest.raises(ValueError, match="bf16"):
         benchmark_piu(tiny_arc2face(), 1, 1, 1, device="cpu", dtype="fp16")
+
+
+
+def test_offline_preset_runs_the_shipped_mini_generator_with_embeddings_it_can_take():
+    # the mini encoder is 256 wide: the benchmark's random embeddings must not be wider
+    result = benchmark_preset("offline", 1, "cpu", forget_batch=1, retain_batch=1, warmup=0)
+    assert result["preset"] == "offline" and result["projected_steps"] == 200 and result["flops_per_step"] > 0

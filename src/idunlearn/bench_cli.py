@@ -20,7 +20,7 @@ HELP = "Time PIU steps on a random-weight Arc2Face (paper) or a tiny Arc2Face-sh
 def _shared_arguments(parser: argparse.ArgumentParser, preset: str, preset_help: str, what: str,
                       output_name: str) -> argparse.ArgumentParser:
     """The arguments both benchmarks take; ``what`` says what a timed step is."""
-    parser.add_argument("--preset", choices=("paper", "tiny"), default=preset, help=preset_help)
+    parser.add_argument("--preset", choices=("paper", "tiny", "offline"), default=preset, help=preset_help)
     parser.add_argument("--steps", type=int, default=5, help=f"timed {what} (the median is reported)")
     parser.add_argument("--warmup", type=int, default=1, help=f"untimed {what} first (compilation happens here)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
@@ -38,7 +38,8 @@ def _shared_arguments(parser: argparse.ArgumentParser, preset: str, preset_help:
 
 
 def add_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    _shared_arguments(parser, "paper", "paper: real-size UNet, batch 32+32, 400 steps projected; tiny: CPU-sized model",
+    _shared_arguments(parser, "paper", "paper: real-size UNet, batch 32+32, 400 steps projected; tiny: CPU-sized model; offline: the "
+                      "shipped mini Arc2Face's architecture, batch 8+8, 200 steps projected",
                       "steps", "piu")
     parser.add_argument("--compile", action="store_true", help="torch.compile the student and teacher UNets")
     parser.add_argument("--projected-steps", type=int, default=None, help="steps per identity (default: preset's)")
@@ -66,7 +67,8 @@ def run_benchmark(args: argparse.Namespace) -> Path:
     write_json(result, output)
     print(f"{args.preset} on {result['machine']['device_name']}: {result['seconds_per_step']:.3f} s/step, "
           f"{result['projected_seconds_per_identity'] / 60:.1f} min per identity ({result['projected_steps']} steps), "
-          f"{result['achieved_tflops']:.2f} TFLOP/s, peak {result['peak_memory_bytes'] / 2**30:.2f} GiB -> {output}")
+          f"{result['achieved_tflops']:.3f} TFLOP/s (dense matmul here: {result['reference_matmul_tflops']:.3f}), "
+          f"peak {result['peak_memory_bytes'] / 2**30:.2f} GiB -> {output}")
     return output
 
 

@@ -17,6 +17,7 @@ import resource
 import statistics
 import time
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .config import load_schema
 from .models.arc2face import random_arc2face, tiny_arc2face
 from .models.generator import IdentityGenerator
+from .models.mini import load_mini_generator
 from .models.layers import select_trainable
 from .unlearning import build_method
 from .unlearning.base import UnlearningData
@@ -33,10 +35,21 @@ from .unlearning.optimisers import OPTIMISERS, build_optimiser
 
 DTYPES = ("fp32", "bf16")
 
-# paper: random-weight Arc2Face at 64x64 latents; tiny: an Arc2Face-shaped model that runs on a CPU in seconds.
+# paper: random-weight Arc2Face at 64x64 latents; tiny: an Arc2Face-shaped model that runs on a CPU in seconds;
+# offline: the shipped mini Arc2Face (the repository's data/shipped/mini-arc2face, the CLI runs from the repository
+# root) at the default run's batch and steps.
+SHIPPED_MINI = Path("data/shipped/mini-arc2face")
+
+
+def shipped_mini_generator(seed: int = 0) -> IdentityGenerator:
+    """The offline world's generator as the default run loads it (``seed`` unused: the weights are the shipped ones)."""
+    return load_mini_generator(SHIPPED_MINI)
+
+
 PRESETS = {
     "paper": {"build": random_arc2face, "forget_batch": 32, "retain_batch": 32, "projected_steps": 400},
     "tiny": {"build": tiny_arc2face, "forget_batch": 4, "retain_batch": 4, "projected_steps": 400},
+    "offline": {"build": shipped_mini_generator, "forget_batch": 8, "retain_batch": 8, "projected_steps": 200},
 }
 
 
@@ -77,6 +90,20 @@ def _cpu_model() -> str | None:
         return None
 
 
+def matmul_tflops(device: str | torch.device, size: int = 2048, repeats: int = 5) -> float:
+    """Achieved fp32 TFLOP/s of a dense size x size matrix product on ``device``: the ceiling a step's achieved
+    TFLOP/s can be compared with (convolutions and attention at the mini model's small sizes reach less)."""
+    device = torch.device(device)
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    a @ b  # warm-up
+    _synchronize(device)
+    tick = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    _synchronize(device)
+    return 2 * size ** 3 * repeats / (time.perf_counter() - tick) / 1e12
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -108,7 +135,8 @@ def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_b
     cfg = {**default_run_settings(), **(settings or {}), "regime": regime, "forget_batch": forget_batch,
            "retain_batch": retain_batch}
     generator.to(device)
-    data = random_unlearning_data(n_forget=10, n_retain=200, seed=seed)
+    # embeddings no wider than the encoder (the mini encoder is 256 wide); the encoder zero-pads them to its width
+    data = random_unlearning_data(dim=min(512, generator.encoder.width), n_forget=10, n_retain=200, seed=seed)
     generator.requires_grad_(False)
     teacher = copy.deepcopy(generator.unet).eval()
     params = list(select_trainable(generator.unet, regime, cfg["surgical_blocks"]).values())
@@ -177,7 +205,7 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
         "projected_seconds_per_identity": per_step * projected_steps, "peak_memory_bytes": int(peak),
         "peak_memory_source": peak_source, "flops_per_step": int(flops),
         "flops_per_sample": {"base_1_1": int(base), "forget": int(per_forget), "retain": int(per_retain)},
-        "achieved_tflops": flops / per_step / 1e12,
+        "achieved_tflops": flops / per_step / 1e12, "reference_matmul_tflops": matmul_tflops(device),
         "unet_parameters": sum(p.numel() for p in generator.unet.parameters()),
         "trainable_parameters": sum(p.numel() for p in params),
         "settings": {k: cfg[k] for k in ("method", "optimiser", "eta", "lambda", "lr", "weight_decay")},
