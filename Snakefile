@@ -23,6 +23,7 @@ include: "rules/unlearning.smk"
 include: "rules/evaluation.smk"
 include: "rules/aggregate.smk"
 include: "rules/study.smk"
+include: "rules/audit.smk"
 # Recognizer track (GSUO on classifiers); its target `recognizer` is not part of the default target.
 include: "rules/recognizer.smk"
 

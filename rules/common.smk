@@ -75,6 +75,7 @@ def get_final_outputs(wildcards):
           for kind in ("forget", "retain")],
         *([results("tables", "study", "claims.md")] if config["study"] else []),
         *([results("figures", "pareto.png")] if config["unlearning"]["controllable"] else []),
+        *([results("tables", "audit_summary.md")] if config["audit"]["default_target"] else []),
     ]
 
 

@@ -28,6 +28,9 @@ QUICK = {
     "unlearning": {"runs": {"piu": {"steps": 6, "forget_batch": 2, "retain_batch": 2, "checkpoint_every": 3}}},
     "evaluation": {"n_forget_samples": 4, "n_retain_samples": 4, "steps": 5, "kd": {"num_subsets": 5}},
     "layer_analysis": {"n_identities": 4, "images_per_identity": 2},
+    "audit": {"default_target": True, "probes": {
+        "leak": {"conditions": 1, "seeds": 2, "ks": [1, 2]}, "photo": {"seeds": 1},
+        "neighbourhood": {"cosines": [1.0, 0.5], "retain_directions": 1, "random_directions": 1, "seeds": 1}}},
 }
 
 
@@ -56,13 +59,18 @@ def test_pipeline_produces_tables_grids_and_report(two_runs):
     for kind in ("forget", "retain"):
         assert (res / "figures" / "piu" / f"{identity}_{kind}.png").stat().st_size > 0
     assert (res / "analysis" / "layer_separation.png").is_file()
+    audit = pd.read_csv(res / "tables" / "audit.csv")
+    assert set(audit["run"]) == {"original", "piu"} and set(audit["identity"]) == {identity}
+    assert {"leak", "photo", "neighbourhood", "evaluation", "locality"} <= set(audit["probe"])
+    assert "| original |" in (res / "tables" / "audit_summary.md").read_text()
+    assert (res / "figures" / "audit" / "neighbourhood.png").stat().st_size > 0
     snakemake(workdir, "--report", str(res / "report.html"), configfile=cfg)
     assert "metrics.csv" in (res / "report.html").read_text(errors="ignore")
 
 
 def test_same_seed_gives_identical_metrics_tables(two_runs):
     (a, _, _), (b, _, _) = two_runs
-    for table in ("metrics.csv", "summary.csv"):
+    for table in ("metrics.csv", "summary.csv", "audit.csv"):
         assert (a / "results" / "tables" / table).read_bytes() == (b / "results" / "tables" / table).read_bytes()
 
 

@@ -25,3 +25,20 @@ def dirichlet_mixtures(embeddings: np.ndarray, n: int, rng: np.random.Generator,
 def draw_rows(embeddings: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """n embeddings drawn uniformly with replacement (retain conditions from the retain-train pool)."""
     return np.asarray(embeddings, np.float32)[rng.integers(len(embeddings), size=n)]
+
+
+def great_circle(centre: np.ndarray, direction: np.ndarray, cosines) -> np.ndarray:
+    """Unit conditions on the great circle from ``centre`` towards ``direction``, at the given cosines to ``centre``:
+    v = c cos(theta) + u sin(theta), u the unit component of ``direction`` orthogonal to c (forgetting audit,
+    neighbourhood probe). Returns (len(cosines), D) float32."""
+    c = np.asarray(centre, np.float64)
+    c = c / np.linalg.norm(c)
+    u = np.asarray(direction, np.float64)
+    u = u - (u @ c) * c
+    if np.linalg.norm(u) < 1e-8:
+        raise ValueError("great circle: the direction is parallel to the centre; pick another direction")
+    u = u / np.linalg.norm(u)
+    cos = np.asarray(cosines, np.float64)
+    if np.any(np.abs(cos) > 1):
+        raise ValueError(f"great circle: cosines must lie in [-1, 1] (got {cos.tolist()})")
+    return (cos[:, None] * c + np.sqrt(1.0 - cos[:, None] ** 2) * u).astype(np.float32)

@@ -58,20 +58,21 @@ def generate_samples(generator: IdentityGenerator, embeddings: np.ndarray, seeds
 
 
 def score_samples(samples: pd.DataFrame, images: np.ndarray, analyser: FaceAnalyser, centroids: pd.DataFrame,
-                  anchor_identity: int) -> pd.DataFrame:
-    """Per-sample rows: detected, detection score, landmarks, embedding, cosine to own centroid and to the anchor's,
-    nearest-centroid prediction over all identities."""
+                  anchor_identity: int | None) -> pd.DataFrame:
+    """Per-sample rows: detected, detection score, landmarks, embedding, cosine to own centroid and to the anchor's
+    (none without an anchor), nearest-centroid prediction over all identities."""
     read = read_samples(analyser, images, samples["sample_id"].tolist())
     ids, cents = centroids["identity"].to_numpy(), centroid_matrix(centroids)
     emb, detected = read_embeddings(read, cents.shape[1])
     own = cents[pd.Index(ids).get_indexer(samples["target_identity"])]
-    anchor = np.repeat(cents[pd.Index(ids).get_indexer([anchor_identity])], len(samples), axis=0)
     out = samples.copy()
     out["detected"] = detected
     out["det_score"] = read["det_score"].to_numpy()
     out["landmarks"] = read["landmarks"].to_numpy()
     out["embedding"] = read["embedding"].to_numpy()
     out["own_cosine"] = identity_similarity(emb, own, detected)
-    out["anchor_cosine"] = identity_similarity(emb, anchor, detected)
+    if anchor_identity is not None:
+        anchor = np.repeat(cents[pd.Index(ids).get_indexer([anchor_identity])], len(samples), axis=0)
+        out["anchor_cosine"] = identity_similarity(emb, anchor, detected)
     out["predicted_identity"] = nearest_centroid(emb, ids, cents, detected)
     return out

@@ -1,0 +1,97 @@
+# Stage "audit": is the person really gone? A verification threshold calibrated on real impostor pairs, then probes
+# (Leak@k conditions, every real photo, great circles around the forget centroid) on the original model (the
+# control) and on every (run, forget identity), with the locality of the damage from the evaluation's own samples.
+# Target `audit`; in the default target when `audit.default_target` is true.
+
+
+rule calibrate_verification:
+    input:
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+    output:
+        results("audit", "verification.json"),
+    params:
+        verification=config["audit"]["verification"],
+    log:
+        logs("calibrate_verification"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/calibrate_verification.py"
+
+
+rule audit_original:
+    input:
+        selection=selection_file,
+        faces=rules.extract_embeddings.output.embeddings,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        verification=rules.calibrate_verification.output[0],
+        evaluation=rules.evaluate_original.output.samples,
+    output:
+        samples=results("audit", "before", "{identity}", "samples.parquet"),
+        rows=results("audit", "before", "{identity}", "rows.parquet"),
+    params:
+        probes=config["audit"]["probes"],
+        evaluation=config["evaluation"],
+        generator=config["generator"],
+        faces=config["faces"],
+        device=config["unlearning"]["device"],
+        seed=config["seed"],
+    threads: 2
+    resources:
+        gpu=1,
+        mem_mb=8000,
+    log:
+        logs("audit/before/{identity}"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/audit.py"
+
+
+use rule audit_original as audit_unlearned with:
+    input:
+        changed=rules.unlearn.output.changed,
+        selection=selection_file,
+        faces=rules.extract_embeddings.output.embeddings,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        verification=rules.calibrate_verification.output[0],
+        evaluation=rules.evaluate_unlearned.output.samples,
+        before=rules.evaluate_original.output.samples,
+    output:
+        samples=results("audit", "after", "{run}", "{identity}", "samples.parquet"),
+        rows=results("audit", "after", "{run}", "{identity}", "rows.parquet"),
+    log:
+        logs("audit/after/{run}/{identity}"),
+
+
+rule audit_tables:
+    input:
+        verification=rules.calibrate_verification.output[0],
+        before=lambda wc: expand(rules.audit_original.output.rows, identity=forget_identities()),
+        after=lambda wc: [expand(rules.audit_unlearned.output.rows, run=run, identity=identity)[0]
+                          for run, identity in run_identity_pairs()],
+    output:
+        table=results("tables", "audit.parquet"),
+        csv=report(results("tables", "audit.csv"), category="Forgetting audit"),
+        summary=report(results("tables", "audit_summary.csv"), category="Forgetting audit"),
+        summary_md=report(results("tables", "audit_summary.md"), category="Forgetting audit"),
+        neighbourhood=report(results("figures", "audit", "neighbourhood.png"), category="Forgetting audit"),
+        locality=report(results("figures", "audit", "locality.png"), category="Forgetting audit"),
+    params:
+        seed=config["seed"],
+    log:
+        logs("audit_tables"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/audit_tables.py"
+
+
+rule audit:
+    input:
+        rules.audit_tables.output,

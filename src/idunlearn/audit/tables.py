@@ -1,0 +1,126 @@
+"""The audit's tables and figures: every job's rows in one tidy table, a per-run summary over forget identities
+(means with identity-bootstrap intervals, the original model as the control row) and its headline markdown, the
+neighbourhood plot (FA against cosine to the forget centroid) and the locality plot (retain ISM change against
+cosine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ..evaluation.statistics import bootstrap_mean  # noqa: E402
+from ..io import save_figure  # noqa: E402
+
+ORIGINAL = "original"  # the run name of the original model's audit (the control)
+SUMMARY_COLUMNS = ["run", "probe", "setting", "metric", "mean", "ci_low", "ci_high", "n_identities"]
+
+
+def audit_table(jobs: list[tuple[str, int, pd.DataFrame]]) -> pd.DataFrame:
+    """(run, forget identity, rows) of every audit job -> one tidy table with run and identity columns."""
+    if not jobs:
+        raise ValueError("no audit rows: the audit target has no (run, forget identity) job")
+    return pd.concat([rows.assign(run=run, identity=identity) for run, identity, rows in jobs], ignore_index=True)[
+        ["run", "identity", *[c for c in jobs[0][2].columns]]]
+
+
+def audit_summary(table: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """Per (run, probe, setting, metric): the mean over forget identities with its identity-bootstrap interval.
+    Locality rows are per retain identity, not per setting: they are summarised in the plot, not here; the worst
+    photo is summarised as the mean over identities of each identity's worst photo."""
+    part = table[table["probe"] != "locality"].copy()
+    part.loc[part["setting"].str.startswith("worst:"), "setting"] = "worst"
+    records = []
+    for (run, probe, setting, metric), group in part.groupby(["run", "probe", "setting", "metric"], sort=True):
+        mean, low, high = bootstrap_mean(group["value"], seed)
+        records.append({"run": run, "probe": probe, "setting": setting, "metric": metric, "mean": mean,
+                        "ci_low": low, "ci_high": high, "n_identities": int(group["identity"].nunique())})
+    return pd.DataFrame.from_records(records, columns=SUMMARY_COLUMNS)
+
+
+def headline(summary: pd.DataFrame) -> list[tuple[str, str, str, str]]:
+    """(probe, setting, metric, column title) of the headline table: FA of the evaluation's forget samples, Leak@k
+    for every configured k, the photo probe, and the retain samples' verification rate."""
+    ks = sorted({int(s[2:]) for s in summary.loc[summary["probe"] == "leak", "setting"] if s.startswith("k=")})
+    return [("evaluation", "forget", "fa", "FA (evaluation)"), *[("leak", f"k={k}", "leak", f"Leak@{k}") for k in ks],
+            ("photo", "train", "fa", "photo FA (train)"), ("photo", "val", "fa", "photo FA (val)"),
+            ("photo", "worst", "fa", "worst photo FA"), ("evaluation", "retain", "verified", "retain verified")]
+
+
+def _cell(row) -> str:
+    if np.isnan(row["ci_low"]):
+        return f"{row['mean']:.2f}"
+    return f"{row['mean']:.2f} ({row['ci_low']:.2f} to {row['ci_high']:.2f})"
+
+
+def audit_markdown(summary: pd.DataFrame, tau: dict) -> str:
+    """The headline table: one row per run (the original model first), cells mean (95% interval; none with one
+    identity)."""
+    columns = headline(summary)
+    indexed = summary.set_index(["run", "probe", "setting", "metric"])
+    runs = [ORIGINAL] + sorted(r for r in summary["run"].unique() if r != ORIGINAL)
+    lines = ["# Forgetting audit", "",
+             f"A sample is verified as the forget identity when a face is found, its cosine to that identity's "
+             f"centroid is at least tau = {tau['tau']:.3f} (false-accept rate {tau['far_target']:g} on impostor "
+             f"pairs of real images; {tau['far_heldout']:.4f} on held-out pairs) and no other centroid is nearer.",
+             "", "| run | identities | " + " | ".join(h[3] for h in columns) + " |",
+             "|---" * (len(columns) + 2) + "|"]
+    for run in runs:
+        if run not in indexed.index.get_level_values(0):
+            continue
+        cells, n = [], 0
+        for probe, setting, metric, _ in columns:
+            key = (run, probe, setting, metric)
+            if key in indexed.index:
+                row = indexed.loc[key]
+                n = max(n, int(row["n_identities"]))
+                cells.append(_cell(row))
+            else:
+                cells.append("n/a")
+        lines.append(f"| {run} | {n} | " + " | ".join(cells) + " |")
+    lines += ["", "Cells: mean over forget identities (95% identity-bootstrap interval). FA: share of samples "
+              "verified as the forget identity; Leak@k: share of forget conditions for which any of k seeds is "
+              "verified; photo: every real image of the forget identity used alone as the condition. The original "
+              "model's row is the control: what there was to forget."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_neighbourhood(table: pd.DataFrame, path: str | Path, seed: int) -> None:
+    """FA of the forget identity against the condition's cosine to the forget centroid, one line per run (mean over
+    identities, identity-bootstrap band): how wide the forgotten region is."""
+    part = table[(table["probe"] == "neighbourhood") & (table["metric"] == "fa")]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for run, group in part.groupby("run", sort=True):
+        stats = [(float(s), *bootstrap_mean(g["value"], seed)) for s, g in group.groupby("setting")]
+        cos, mean, low, high = map(np.asarray, zip(*sorted(stats)))
+        style = {"color": "k", "linestyle": "--"} if run == ORIGINAL else {}
+        line, = ax.plot(cos, mean, marker="o", label=run, **style)
+        ax.fill_between(cos, low, high, alpha=0.15, color=line.get_color())
+    ax.set_xlabel("condition's cosine to the forget centroid")
+    ax.set_ylabel("FA (verified as the forget identity)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def plot_locality(table: pd.DataFrame, path: str | Path) -> None:
+    """Retain ISM change (after - before) against the retain identity's cosine to the forget centroid, one point per
+    (run, forget identity, retain identity): collateral on look-alikes against strangers."""
+    part = table[(table["probe"] == "locality") & (table["metric"] == "ism_delta")]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for run, group in part.groupby("run", sort=True):
+        ax.errorbar(group["cosine"], group["value"], yerr=[group["value"] - group["ci_low"],
+                    group["ci_high"] - group["value"]], fmt="o", ms=4, alpha=0.7, label=run)
+    ax.axhline(0, color="k", linewidth=0.8)
+    ax.set_xlabel("retain identity's cosine to the forget centroid")
+    ax.set_ylabel("retain ISM change (after - before)")
+    if len(part):
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+    plt.close(fig)

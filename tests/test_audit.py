@@ -1,0 +1,175 @@
+"""Forgetting audit, parts 1-3: calibrated verification, Leak@k, probe conditions, the rows a job reports."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from idunlearn.audit.probes import probe_set
+from idunlearn.audit.run import audit_rows, probe_rows
+from idunlearn.audit.tables import audit_markdown, audit_summary, audit_table
+from idunlearn.audit.verification import calibrate, clopper_pearson, leak_at_k, threshold_at_far, verified
+from idunlearn.conditions import great_circle
+from idunlearn.config import ConfigError, validate_config
+from idunlearn.identities import identity_centroids
+
+DIM = 32
+
+
+def world(n_identities: int = 30, per_identity: int = 8, spread: float = 0.6, seed: int = 0, dim: int = DIM):
+    """Unit embeddings scattered around random identity centres: (embeddings, labels)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((n_identities, dim))
+    emb = np.repeat(centres, per_identity, axis=0) + spread * rng.standard_normal((n_identities * per_identity, dim))
+    return emb / np.linalg.norm(emb, axis=1, keepdims=True), np.repeat(np.arange(n_identities), per_identity)
+
+
+def test_threshold_at_far_by_hand():
+    scores = np.linspace(0.0, 0.9, 10)  # 0.0, 0.1, ..., 0.9
+    tau = threshold_at_far(scores, 0.1)  # one accept allowed: just above 0.8
+    assert 0.8 < tau <= 0.9 and np.mean(scores >= tau) == pytest.approx(0.1)
+    assert np.mean(scores >= threshold_at_far(scores, 0.05)) == 0.0  # floor(0.5) = 0 accepts
+
+
+def test_calibrated_threshold_holds_its_far_on_held_out_pairs_and_is_the_smallest():
+    # many identities in a wide space, as real recognizers are: pair cosines of held-out identities then follow
+    # those of the calibration identities (with few identities, which identities are held out dominates)
+    emb, labels = world(n_identities=80, dim=128)
+    record = calibrate(emb, labels, far=0.01, heldout_fraction=0.5, seed=3)
+    assert record["far_calibration"] <= 0.01
+    assert not set(record["calibration_identities"]) & set(record["heldout_identities"])
+    # held out: at most 1% plus three binomial standard errors
+    n = record["n_pairs_heldout"]
+    assert record["far_heldout"] <= 0.01 + 3 * math.sqrt(0.01 * 0.99 / n)
+    # smallest: the next impostor score below tau would let more than 1% through
+    cal = np.isin(labels, record["calibration_identities"])
+    e, lab = emb[cal], labels[cal]
+    i, j = np.triu_indices(len(e), 1)
+    impostor = (e[i] * e[j]).sum(1)[lab[i] != lab[j]]
+    below = impostor[impostor < record["tau"]].max()
+    assert np.mean(impostor >= below) > 0.01
+
+
+def test_clopper_pearson_by_hand():
+    # 0 of n: upper bound 1 - (alpha/2)^(1/n); n of n: lower bound (alpha/2)^(1/n)
+    assert clopper_pearson(0, 10) == pytest.approx((0.0, 1 - 0.025 ** 0.1))
+    assert clopper_pearson(10, 10) == pytest.approx((0.025 ** 0.1, 1.0))
+
+
+def test_verified_needs_detection_threshold_and_nearest_centroid():
+    samples = pd.DataFrame({"detected": [True, True, True, False], "own_cosine": [0.6, 0.3, 0.6, 0.9],
+                            "predicted_identity": [1, 1, 2, 1], "target_identity": [1, 1, 1, 1]})
+    assert verified(samples, 0.5).tolist() == [True, False, False, False]
+
+
+def test_leak_at_k_by_hand_and_monotone():
+    samples = pd.DataFrame({"condition": ["a"] * 4 + ["b"] * 4, "seed_index": [0, 1, 2, 3] * 2})
+    flags = np.array([False, False, True, False, False, False, False, False])
+    assert leak_at_k(samples, flags, [1, 2, 3, 4]) == {1: 0.0, 2: 0.0, 3: 0.5, 4: 0.5}
+    rng = np.random.default_rng(0)
+    many = pd.DataFrame({"condition": np.repeat(np.arange(20), 8), "seed_index": np.tile(np.arange(8), 20)})
+    for _ in range(20):
+        leak = leak_at_k(many, rng.random(160) < 0.1, [1, 4, 8])
+        assert leak[1] <= leak[4] <= leak[8]
+    with pytest.raises(ValueError, match="Leak@8"):
+        leak_at_k(samples, flags, [8])
+
+
+def test_great_circle_sits_at_the_stated_cosines():
+    rng = np.random.default_rng(1)
+    centre, direction = rng.standard_normal(DIM), rng.standard_normal(DIM)
+    cosines = [1.0, 0.95, 0.9, 0.8, 0.7, 0.5, 0.3, -0.2]
+    points = great_circle(centre, direction, cosines).astype(np.float64)
+    assert np.linalg.norm(points, axis=1) == pytest.approx(np.ones(len(cosines)), abs=1e-6)
+    assert points @ (centre / np.linalg.norm(centre)) == pytest.approx(cosines, abs=1e-6)
+    with pytest.raises(ValueError, match="parallel"):
+        great_circle(centre, 3 * centre, [0.5])
+
+
+def experiment(seed: int = 0):
+    """faces / centroids / selection of a small world whose forget identity is 0."""
+    emb, labels = world(n_identities=8, per_identity=6, seed=seed)
+    ids = [f"img_{i:03d}" for i in range(len(emb))]
+    faces = pd.DataFrame({"image_id": ids, "status": "ok", "embedding": list(emb)})
+    centroids = identity_centroids(emb, labels)
+    selection = {"forget_identity": 0, "forget_train_images": ids[:4], "forget_val_images": ids[4:6],
+                 "retain_val_identities": [5, 6, 7]}
+    return faces, centroids, selection
+
+
+PROBES = {"leak": {"conditions": 3, "seeds": 4, "ks": [1, 4]}, "photo": {"seeds": 2},
+          "neighbourhood": {"cosines": [1.0, 0.9, 0.5], "retain_directions": 2, "random_directions": 1, "seeds": 1}}
+
+
+def test_probe_set_conditions_seeds_and_cosines():
+    faces, centroids, selection = experiment()
+    probes = probe_set(selection, faces, centroids, PROBES, seed=42)
+    table = probes.table
+    assert table.groupby("probe").size().to_dict() == {"leak": 12, "photo": 12, "neighbourhood": 1 + 3 * 2}
+    assert table["seed"].is_unique and (table["target_identity"] == 0).all()
+    hood = table[table["probe"] == "neighbourhood"]
+    assert hood["cosine"].to_numpy() == pytest.approx(hood["setting"].astype(float).to_numpy(), abs=1e-6)
+    again = probe_set(selection, faces, centroids, PROBES, seed=42)
+    assert again.table.equals(table) and np.array_equal(again.embeddings, probes.embeddings)
+    with pytest.raises(ValueError, match="audit.probes"):
+        probe_set(selection, faces, centroids, {"nope": {}}, seed=42)
+    with pytest.raises(ValueError, match="audit.probes.leak.ks"):
+        probe_set(selection, faces, centroids, {"leak": {"conditions": 1, "seeds": 2, "ks": [4]}}, seed=42)
+
+
+def scored_by(model, probes, centroids):
+    """Probe samples as a stand-in generator + recognizer would score them: ``model`` maps a condition to the
+    embedding of the face it draws."""
+    cents = np.stack(centroids["centroid"].to_numpy()).astype(np.float64)
+    out = np.stack([model(c.astype(np.float64)) for c in probes.embeddings])
+    out = out / np.linalg.norm(out, axis=1, keepdims=True)
+    table = probes.table.copy()
+    table["detected"] = True
+    table["own_cosine"] = out @ cents[0]
+    table["predicted_identity"] = centroids["identity"].to_numpy()[(out @ cents.T).argmax(1)]
+    return table
+
+
+def test_neighbourhood_probe_flags_a_model_that_hides_only_the_centroid():
+    faces, centroids, selection = experiment()
+    probes = probe_set(selection, faces, centroids, PROBES, seed=42)
+    centre = np.asarray(centroids["centroid"].iloc[0], np.float64)
+    stranger = np.asarray(centroids["centroid"].iloc[5], np.float64)
+
+    def hides(condition):  # forgets the centroid itself, still draws the person for every nearby condition
+        cos = condition @ centre / np.linalg.norm(condition)
+        return centre if 0.8 <= cos < 0.999 else stranger
+
+    rows = pd.DataFrame(probe_rows(scored_by(hides, probes, centroids), tau=0.5, ks=[1, 4]))
+    fa = rows[(rows["probe"] == "neighbourhood") & (rows["metric"] == "fa")].set_index("setting")["value"]
+    assert fa["1"] == 0.0 and fa["0.9"] == 1.0 and fa["0.5"] == 0.0
+
+
+def test_audit_rows_tables_and_markdown():
+    faces, centroids, selection = experiment()
+    probes = probe_set(selection, faces, centroids, PROBES, seed=42)
+    scored = scored_by(lambda c: c, probes, centroids)  # draws exactly the condition's identity
+    evaluation = pd.DataFrame({"sample_id": ["forget_000", "retain_000", "retain_001"],
+                               "kind": ["forget", "retain", "retain"], "target_identity": [0, 5, 6],
+                               "detected": True, "own_cosine": [0.9, 0.8, 0.7], "predicted_identity": [0, 5, 6]})
+    after = evaluation.assign(own_cosine=[0.1, 0.7, 0.7], predicted_identity=[3, 5, 6])
+    before_rows = audit_rows(scored, evaluation, None, centroids, 0, tau=0.5, ks=[1, 4])
+    after_rows = audit_rows(scored, after, evaluation, centroids, 0, tau=0.5, ks=[1, 4])
+    locality = after_rows[after_rows["probe"] == "locality"].set_index("setting")
+    assert locality.loc["5", "value"] == pytest.approx(-0.1) and locality.loc["6", "value"] == pytest.approx(0.0)
+    assert locality.loc["5", "cosine"] == pytest.approx(
+        np.dot(centroids["centroid"].iloc[5], centroids["centroid"].iloc[0]), abs=1e-6)
+    table = audit_table([("original", 0, before_rows), ("piu", 0, after_rows)])
+    summary = audit_summary(table, seed=0).set_index(["run", "probe", "setting", "metric"])
+    assert summary.loc[("original", "evaluation", "forget", "fa"), "mean"] == 1.0
+    assert summary.loc[("piu", "evaluation", "forget", "fa"), "mean"] == 0.0
+    text = audit_markdown(summary.reset_index(), {"tau": 0.5, "far_target": 0.01, "far_heldout": 0.008})
+    assert text.index("| original |") < text.index("| piu |") and "| Leak@1 | Leak@4 |" in text
+
+
+def test_unknown_probe_or_malformed_setting_stops_at_config_validation():
+    with pytest.raises(ConfigError, match=r"audit\.probes.*'photos' was unexpected"):
+        validate_config({"audit": {"probes": {"photos": {}}}})
+    with pytest.raises(ConfigError, match=r"audit\.probes\.leak\.seeds"):
+        validate_config({"audit": {"probes": {"leak": {"seeds": 0}}}})

@@ -1,0 +1,27 @@
+import os
+
+import pandas as pd
+
+from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, plot_locality,
+                                    plot_neighbourhood)
+from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
+from idunlearn.runlog import stage_log
+
+
+def job(path: str, original: bool) -> tuple[str, int, pd.DataFrame]:
+    """(run, identity, rows) from .../audit/before/<identity>/rows.parquet or .../after/<run>/<identity>/rows.parquet"""
+    folder, identity = os.path.split(os.path.dirname(path))
+    return ORIGINAL if original else os.path.basename(folder), int(identity), pd.read_parquet(path)
+
+
+with stage_log(snakemake.log[0], "audit_tables"):
+    i, out = snakemake.input, snakemake.output
+    table = audit_table([job(p, True) for p in i.before] + [job(p, False) for p in i.after])
+    summary = audit_summary(table, snakemake.params.seed)
+    write_parquet(table, out.table)
+    write_csv(table, out.csv)
+    write_csv(summary, out.summary)
+    with atomic_path(out.summary_md) as tmp:
+        tmp.write_text(audit_markdown(summary, read_json(i.verification)))
+    plot_neighbourhood(table, out.neighbourhood, snakemake.params.seed)
+    plot_locality(table, out.locality)
