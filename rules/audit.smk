@@ -1,6 +1,6 @@
 # Stage "audit": is the person really gone? A verification threshold calibrated on real impostor pairs, then probes
-# (Leak@k conditions, every real photo, great circles around the forget centroid) on the original model (the
-# control) and on every (run, forget identity), with the locality of the damage from the evaluation's own samples.
+# (Leak@k conditions, every real photo, great circles around the forget centroid, relearning) on the original model
+# (the control) and on every (run, forget identity), with the locality of the damage from the evaluation's samples.
 # Target `audit`; in the default target when `audit.default_target` is true.
 
 
@@ -23,7 +23,9 @@ rule calibrate_verification:
 rule audit_original:
     input:
         selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
         centroids=rules.cluster_identities.output.centroids,
         generator=generator_files(),
         models=face_models_dir(),
@@ -55,7 +57,9 @@ use rule audit_original as audit_unlearned with:
     input:
         changed=rules.unlearn.output.changed,
         selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
         centroids=rules.cluster_identities.output.centroids,
         generator=generator_files(),
         models=face_models_dir(),
@@ -74,7 +78,7 @@ rule audit_tables:
         verification=rules.calibrate_verification.output[0],
         before=lambda wc: expand(rules.audit_original.output.rows, identity=forget_identities()),
         after=lambda wc: [expand(rules.audit_unlearned.output.rows, run=run, identity=identity)[0]
-                          for run, identity in run_identity_pairs()],
+                          for run, identity in audited_pairs()],
     output:
         table=results("tables", "audit.parquet"),
         csv=report(results("tables", "audit.csv"), category="Forgetting audit"),

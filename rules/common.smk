@@ -79,6 +79,15 @@ def get_final_outputs(wildcards):
     ]
 
 
+def audited_pairs():
+    """(run, forget identity) of every unlearning job the audit covers (config ``audit.runs``; null: all)."""
+    runs = config["audit"]["runs"]
+    unknown = sorted(set(runs or []) - set(run_names()))
+    if unknown:
+        raise ValueError(f"config key 'audit.runs': unknown run(s) {unknown}; known: {run_names()}")
+    return [(run, identity) for run, identity in run_identity_pairs() if runs is None or run in runs]
+
+
 def run_names():
     return list(config["unlearning"]["runs"])
 

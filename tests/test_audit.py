@@ -5,14 +5,18 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from idunlearn.audit.probes import probe_set
+from idunlearn.audit.relearning import recovery, relearn
 from idunlearn.audit.run import audit_rows, probe_rows
 from idunlearn.audit.tables import audit_markdown, audit_summary, audit_table
 from idunlearn.audit.verification import calibrate, clopper_pearson, leak_at_k, threshold_at_far, verified
 from idunlearn.conditions import great_circle
 from idunlearn.config import ConfigError, validate_config
 from idunlearn.identities import identity_centroids
+from idunlearn.models.arc2face import tiny_arc2face
+from idunlearn.models.layers import trainable_parameter_names
 
 DIM = 32
 
@@ -173,3 +177,74 @@ def test_unknown_probe_or_malformed_setting_stops_at_config_validation():
         validate_config({"audit": {"probes": {"photos": {}}}})
     with pytest.raises(ConfigError, match=r"audit\.probes\.leak\.seeds"):
         validate_config({"audit": {"probes": {"leak": {"seeds": 0}}}})
+
+
+def test_recovery_by_hand():
+    assert recovery(0.5, 0.1, 0.7) == pytest.approx(0.4 / 0.6)
+    assert recovery(0.1, 0.1, 0.7) == 0.0 and math.isnan(recovery(0.3, 0.7, 0.7))
+
+
+def test_relearning_measures_the_given_model_at_k0_and_trains_only_its_regime():
+    generator = tiny_arc2face()
+    original = {n: p.detach().clone() for n, p in generator.unet.named_parameters()}
+    probe = (torch.randn(2, *generator.latent_shape, generator=torch.Generator().manual_seed(0)),
+             torch.tensor([10, 500]), generator.conditions(torch.randn(2, 512)).detach())
+
+    def measure(g):  # any deterministic function of the weights
+        with torch.no_grad():
+            return {"ism": float(g.predict_noise(*probe).mean()), "fa": 0.0}
+
+    at_start = measure(generator)["ism"]
+    rng = np.random.default_rng(0)
+    latents, embeddings = torch.randn(4, *generator.latent_shape), rng.standard_normal((4, 512)).astype(np.float32)
+    cfg = {"regime": "all_cross_attention", "batch": 2, "lr": 1e-3}
+    records = relearn(generator, latents, embeddings, [3, 0], cfg, seed=0, measure=measure)
+    assert [r["k"] for r in records] == [0, 3]
+    assert records[0]["ism"] == at_start  # k = 0 is the model as given: recovery exactly 0
+    assert recovery(records[0]["ism"], records[0]["ism"], 1.0) == 0.0
+    changed = {n for n, p in generator.unet.named_parameters() if not torch.equal(p, original[n])}
+    assert changed and changed <= set(trainable_parameter_names(generator.unet, "all_cross_attention"))
+    again = tiny_arc2face()
+    assert relearn(again, latents, embeddings, [0, 3], cfg, seed=0, measure=measure) == records  # seeded
+
+
+def test_ball_projection_keeps_inside_points_and_lands_on_the_boundary():
+    from idunlearn.audit.attack import _project_to_ball
+
+    rng = np.random.default_rng(2)
+    centre = torch.nn.functional.normalize(torch.as_tensor(rng.standard_normal(DIM), dtype=torch.float32), dim=0)
+    inside = centre + 0.1 * torch.as_tensor(rng.standard_normal(DIM), dtype=torch.float32)
+    torch.testing.assert_close(_project_to_ball(inside, centre, 0.5), inside / inside.norm())
+    outside = torch.as_tensor(rng.standard_normal(DIM), dtype=torch.float32)
+    projected = _project_to_ball(outside, centre, 0.8)
+    assert float(projected.norm()) == pytest.approx(1.0, abs=1e-6)
+    assert float(projected @ centre) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_attack_is_seeded_starts_at_the_centroid_and_respects_its_ball():
+    from idunlearn.audit.attack import attack_condition
+
+    latents = torch.randn(3, *tiny_arc2face().latent_shape, generator=torch.Generator().manual_seed(0))
+    centroid = np.random.default_rng(0).standard_normal(512)
+    cfg = {"restarts": 2, "steps": 0, "lr": 0.1, "batch": 2, "t_low": 100, "t_high": 900, "min_cosine": None,
+           "recognizer_weight": 0.0}
+    unmoved = attack_condition(tiny_arc2face(), latents, centroid, {**cfg, "restarts": 1}, seed=0)
+    assert unmoved["restart"] == 0 and unmoved["cosine"] == pytest.approx(1.0, abs=1e-6)
+    ball = {**cfg, "steps": 3, "min_cosine": 0.9}
+    first = attack_condition(tiny_arc2face(), latents, centroid, ball, seed=0)
+    assert first["cosine"] >= 0.9 - 1e-6 and len(first["restart_losses"]) == 2
+    again = attack_condition(tiny_arc2face(), latents, centroid, ball, seed=0)
+    assert np.array_equal(first["embedding"], again["embedding"]) and first["loss"] == again["loss"]
+
+
+def test_attack_control_bound():
+    from idunlearn.audit.tables import attack_control_lines
+
+    def summary(attacked: float) -> pd.DataFrame:
+        return pd.DataFrame({"run": "original", "probe": ["attack", "evaluation"], "setting": ["best", "forget"],
+                             "metric": "ism", "mean": [attacked, 0.7], "ci_low": np.nan, "ci_high": np.nan,
+                             "n_identities": 3})
+
+    assert "passes" in attack_control_lines(summary(0.64))[1]  # 0.914 x 0.7
+    assert "FAILS" in attack_control_lines(summary(0.62))[1]  # 0.886 x 0.7
+    assert attack_control_lines(summary(0.62).iloc[1:]) == []  # no attack run: nothing to say

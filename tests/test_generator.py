@@ -46,3 +46,21 @@ def test_sampling_is_seeded_and_in_range():
     assert images.shape == (3, 3, 8, 8) and images.min() >= 0 and images.max() <= 1
     torch.testing.assert_close(images, gen.generate(emb, noise, steps=3, guidance=3.0))
     assert np.isfinite(images.numpy()).all()
+
+
+def test_denoise_from_runs_the_tail_of_the_schedule():
+    gen = build_mini_generator(TINY).eval()
+    cond = gen.conditions(torch.randn(2, 16))
+    x = initial_noise(gen.latent_shape, [1, 2])
+    steps = 10
+    timesteps = gen.sampling_scheduler(steps).timesteps
+    # from above the first timestep, SDEdit is ordinary sampling from that noise (DPM-Solver's init sigma is 1)
+    torch.testing.assert_close(gen.denoise_from(cond, x, 999, steps), gen.sample_latents(cond, x, steps))
+    calls = []
+    handle = gen.unet.register_forward_hook(lambda module, args, output: calls.append(1))
+    start = int(timesteps[6])
+    out = gen.denoise_from(cond, x, start, steps)
+    handle.remove()
+    assert len(calls) == int((timesteps <= start).sum()) == steps - 6 and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="below the whole"):
+        gen.denoise_from(cond, x, int(timesteps[-1]) - 1, steps)

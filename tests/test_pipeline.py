@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import psutil
 import pytest
@@ -30,7 +31,9 @@ QUICK = {
     "layer_analysis": {"n_identities": 4, "images_per_identity": 2},
     "audit": {"default_target": True, "probes": {
         "leak": {"conditions": 1, "seeds": 2, "ks": [1, 2]}, "photo": {"seeds": 1},
-        "neighbourhood": {"cosines": [1.0, 0.5], "retain_directions": 1, "random_directions": 1, "seeds": 1}}},
+        "neighbourhood": {"cosines": [1.0, 0.5], "retain_directions": 1, "random_directions": 1, "seeds": 1},
+        "relearning": {"steps": [0, 2], "images": 2, "batch": 2},
+        "trajectory": {"timesteps": [750], "images": 1}, "attack": {"restarts": 2, "steps": 2, "samples": 2}}},
 }
 
 
@@ -61,7 +64,10 @@ def test_pipeline_produces_tables_grids_and_report(two_runs):
     assert (res / "analysis" / "layer_separation.png").is_file()
     audit = pd.read_csv(res / "tables" / "audit.csv")
     assert set(audit["run"]) == {"original", "piu"} and set(audit["identity"]) == {identity}
-    assert {"leak", "photo", "neighbourhood", "evaluation", "locality"} <= set(audit["probe"])
+    assert {"leak", "photo", "neighbourhood", "evaluation", "locality", "relearning", "relearning_control",
+            "trajectory", "trajectory_control", "attack", "attack_control"} <= set(audit["probe"])
+    recovered = audit[(audit["probe"] == "relearning") & (audit["metric"] == "recovery")].set_index("setting")
+    assert recovered.loc["k=0", "value"] == 0.0 or np.isnan(recovered.loc["k=0", "value"])
     assert "| original |" in (res / "tables" / "audit_summary.md").read_text()
     assert (res / "figures" / "audit" / "neighbourhood.png").stat().st_size > 0
     snakemake(workdir, "--report", str(res / "report.html"), configfile=cfg)

@@ -1,9 +1,12 @@
 import pandas as pd
 import torch
 
+from idunlearn.audit.attack import attack_rows
 from idunlearn.audit.probes import probe_set
+from idunlearn.audit.relearning import control_relearning, forget_relearning
 from idunlearn.audit.run import audit_rows, score_probes
-from idunlearn.experiment import load_generator
+from idunlearn.audit.trajectory import trajectory_probe
+from idunlearn.experiment import differentiable_recognizer, load_generator
 from idunlearn.faces import build_face_analyser
 from idunlearn.io import read_json, write_parquet
 from idunlearn.runlog import stage_log
@@ -16,11 +19,30 @@ with stage_log(snakemake.log[0], "audit") as log:
     generator = load_generator(p.generator, p.device)
     if "changed" in i.keys():
         apply_changed_parameters(generator, i.changed)
-    probes = probe_set(selection, pd.read_parquet(i.faces), centroids, p.probes, p.seed)
-    scored, _ = score_probes(generator, build_face_analyser(p.faces, i.models), probes, centroids, p.evaluation)
+    faces, labels, manifest = pd.read_parquet(i.faces), pd.read_parquet(i.labels), pd.read_parquet(i.manifest)
+    tau, analyser = read_json(i.verification)["tau"], build_face_analyser(p.faces, i.models)
+    probes = probe_set(selection, faces, centroids, p.probes, p.seed)
+    scored, _ = score_probes(generator, analyser, probes, centroids, p.evaluation)
+    before = pd.read_parquet(i.before) if "before" in i.keys() else None
+    extra = []
+    if "trajectory" in p.probes:
+        extra += trajectory_probe(generator, analyser, centroids, manifest, faces, labels, selection,
+                                  p.probes["trajectory"], p.evaluation, tau, p.seed)
+    if "attack" in p.probes:
+        attack = p.probes["attack"]
+        recognizer = differentiable_recognizer(p.faces, i.models) if attack["recognizer_weight"] > 0 else None
+        extra += attack_rows(generator, analyser, centroids, manifest, faces, labels, selection, attack, p.evaluation,
+                             tau, p.seed, recognizer)
+    if "relearning" in p.probes:  # last: it fine-tunes the generator in place
+        common = (generator, analyser, selection, manifest, faces, labels, centroids, p.evaluation,
+                  p.probes["relearning"], tau, p.seed)
+        if before is None:
+            extra += control_relearning(*common)
+        else:
+            extra += forget_relearning(*common, before.loc[before["kind"] == "forget", "own_cosine"].mean())
     ks = p.probes["leak"]["ks"] if "leak" in p.probes else []
-    rows = audit_rows(scored, pd.read_parquet(i.evaluation), pd.read_parquet(i.before) if "before" in i.keys() else None,
-                      centroids, selection["forget_identity"], read_json(i.verification)["tau"], ks)
+    rows = audit_rows(scored, pd.read_parquet(i.evaluation), before, centroids, selection["forget_identity"], tau, ks,
+                      extra)
     log.info("%d probe samples, %d rows", len(scored), len(rows))
     write_parquet(scored.drop(columns=["landmarks"]), out.samples)
     write_parquet(rows, out.rows)

@@ -18,7 +18,8 @@ from ..faces.analyser import ok_embeddings
 from ..identities import centroid_matrix
 
 AUDIT_SEED_OFFSET = 200_000  # audit sample i uses seed + 200000 + i: apart from the evaluation's seeds
-PROBES = ("leak", "photo", "neighbourhood")
+# relearning, trajectory and attack take no conditions from here (relearning.py, trajectory.py, attack.py)
+PROBES = ("leak", "photo", "neighbourhood", "relearning", "trajectory", "attack")
 
 
 @dataclass
@@ -84,7 +85,8 @@ def probe_set(selection: dict, faces: pd.DataFrame, centroids: pd.DataFrame, cfg
         conditions.append(np.repeat(np.stack(points), p["seeds"], axis=0))
 
     if not parts:
-        raise ValueError("config key 'audit.probes' enables no probe; enable at least one of " + ", ".join(PROBES))
+        raise ValueError("config key 'audit.probes' enables no generation probe; enable at least one of leak, photo, "
+                         "neighbourhood")
     table = pd.concat(parts, ignore_index=True)
     embeddings = np.concatenate(conditions).astype(np.float32)
     unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)

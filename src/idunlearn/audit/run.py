@@ -69,10 +69,13 @@ def probe_rows(scored: pd.DataFrame, tau: float, ks) -> list[dict]:
 
 def evaluation_rows(samples: pd.DataFrame, tau: float) -> list[dict]:
     """Calibrated verification of the evaluation's own samples: FA of the forget samples (verified as the forget
-    identity) and the verification rate of the retain samples (verified as their own identity)."""
+    identity), the verification rate of the retain samples (verified as their own identity), and the forget ISM (the
+    attack's control bound reads it from the original model)."""
     is_verified = verified(samples, tau)
+    forget = (samples["kind"] == "forget").to_numpy()
     return [share_row("evaluation", kind, "fa" if kind == "forget" else "verified", is_verified[mask])
-            for kind in ("forget", "retain") for mask in [(samples["kind"] == kind).to_numpy()]]
+            for kind, mask in (("forget", forget), ("retain", ~forget))] + [
+        mean_row("evaluation", "forget", "ism", samples.loc[forget, "own_cosine"])]
 
 
 def locality_rows(before: pd.DataFrame, after: pd.DataFrame, centroids: pd.DataFrame, forget: int) -> list[dict]:
@@ -93,10 +96,10 @@ def locality_rows(before: pd.DataFrame, after: pd.DataFrame, centroids: pd.DataF
 
 
 def audit_rows(scored: pd.DataFrame, evaluation: pd.DataFrame, before: pd.DataFrame | None,
-               centroids: pd.DataFrame, forget: int, tau: float, ks) -> pd.DataFrame:
+               centroids: pd.DataFrame, forget: int, tau: float, ks, extra: list[dict] = ()) -> pd.DataFrame:
     """All rows of one audit job; ``before`` (the original model's evaluation samples) is None for the original
-    model itself, which has no locality rows."""
-    rows = probe_rows(scored, tau, ks) + evaluation_rows(evaluation, tau)
+    model itself, which has no locality rows; ``extra``: rows of further probes (relearning)."""
+    rows = probe_rows(scored, tau, ks) + evaluation_rows(evaluation, tau) + list(extra)
     if before is not None:
         rows += locality_rows(before, evaluation, centroids, forget)
     frame = pd.DataFrame.from_records(rows)

@@ -46,10 +46,22 @@ def audit_summary(table: pd.DataFrame, seed: int) -> pd.DataFrame:
 def headline(summary: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     """(probe, setting, metric, column title) of the headline table: FA of the evaluation's forget samples, Leak@k
     for every configured k, the photo probe, and the retain samples' verification rate."""
-    ks = sorted({int(s[2:]) for s in summary.loc[summary["probe"] == "leak", "setting"] if s.startswith("k=")})
-    return [("evaluation", "forget", "fa", "FA (evaluation)"), *[("leak", f"k={k}", "leak", f"Leak@{k}") for k in ks],
+    def ks(probe: str) -> list[int]:
+        return sorted({int(s[2:]) for s in summary.loc[summary["probe"] == probe, "setting"] if s.startswith("k=")})
+
+    relearn = ks("relearning") or ks("relearning_control")
+    noised = sorted({int(s[2:]) for s in summary.loc[summary["probe"] == "trajectory", "setting"]})
+    return [("evaluation", "forget", "fa", "FA (evaluation)"),
+            *[("leak", f"k={k}", "leak", f"Leak@{k}") for k in ks("leak")],
             ("photo", "train", "fa", "photo FA (train)"), ("photo", "val", "fa", "photo FA (val)"),
-            ("photo", "worst", "fa", "worst photo FA"), ("evaluation", "retain", "verified", "retain verified")]
+            ("photo", "worst", "fa", "worst photo FA"),
+            *([("relearning", f"k={relearn[-1]}", "recovery", f"relearning recovery (k={relearn[-1]})"),
+               ("relearning_control", f"k={relearn[-1]}", "gain", f"control ISM gain (k={relearn[-1]})")]
+              if relearn else []),
+            *([("trajectory", f"t={noised[-1]}", "ism", f"trajectory ISM (t={noised[-1]})")] if noised else []),
+            ("attack", "best", "fa", "attack success"), ("attack", "best", "ism", "attack ISM"),
+            ("attack_control", "best", "fa", "attack success (control identity)"),
+            ("evaluation", "retain", "verified", "retain verified")]
 
 
 def _cell(row) -> str:
@@ -83,11 +95,34 @@ def audit_markdown(summary: pd.DataFrame, tau: dict) -> str:
             else:
                 cells.append("n/a")
         lines.append(f"| {run} | {n} | " + " | ".join(cells) + " |")
+    lines += attack_control_lines(summary)
     lines += ["", "Cells: mean over forget identities (95% identity-bootstrap interval). FA: share of samples "
               "verified as the forget identity; Leak@k: share of forget conditions for which any of k seeds is "
-              "verified; photo: every real image of the forget identity used alone as the condition. The original "
-              "model's row is the control: what there was to forget."]
+              "verified; photo: every real image of the forget identity used alone as the condition; relearning "
+              "recovery: (ISM_k - ISM_after) / (ISM_before - ISM_after) after k fine-tuning steps on forget-train "
+              "images; control: the ISM gain of the same fine-tuning of the original model on a retain-validation "
+              "identity; trajectory: ISM of a real forget-validation image noised to timestep t and denoised under its "
+              "own condition; attack success: share of the samples drawn from the attack's condition that are "
+              "verified as the forget identity. The original model's row is the control: what there was to forget."]
     return "\n".join(lines) + "\n"
+
+
+ATTACK_BOUND = 0.9  # the attack must recover this share of the original model's forget ISM to mean anything
+
+
+def attack_control_lines(summary: pd.DataFrame) -> list[str]:
+    """Whether the attack passes its control: on the original model it must reach at least 0.9 x the original's
+    forget ISM on the evaluation's samples (the issue's bound); otherwise its failure on an unlearned model says
+    nothing."""
+    indexed = summary.set_index(["run", "probe", "setting", "metric"])
+    keys = (ORIGINAL, "attack", "best", "ism"), (ORIGINAL, "evaluation", "forget", "ism")
+    if not all(k in indexed.index for k in keys):
+        return []
+    attacked, before = (float(indexed.loc[k, "mean"]) for k in keys)
+    ratio = attacked / before if before > 0 else float("nan")
+    verdict = "passes" if ratio >= ATTACK_BOUND else "FAILS (too weak: its results on unlearned models mean little)"
+    return ["", f"Attack control: on the original model the attack's samples reach ISM {attacked:.3f}, "
+                f"{ratio:.2f} x the original's forget ISM {before:.3f}; the bound is {ATTACK_BOUND}: the attack {verdict}."]
 
 
 def plot_neighbourhood(table: pd.DataFrame, path: str | Path, seed: int) -> None:

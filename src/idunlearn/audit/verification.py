@@ -50,7 +50,8 @@ def calibrate(embeddings: np.ndarray, labels: np.ndarray, far: float, heldout_fr
     """tau at false-accept rate ``far`` from impostor pairs among a seeded share of the identities, checked on the
     impostor pairs of the others (held out): the record the audit keeps (tau, both FARs, pair counts, identities)."""
     if not 0 < far < 1 or not 0 < heldout_fraction < 1:
-        raise ValueError(f"audit verification: far ({far}) and heldout_fraction ({heldout_fraction}) must lie in (0, 1)")
+        raise ValueError(f"config keys 'audit.verification.far' ({far}) and 'heldout_fraction' ({heldout_fraction}) "
+                         "must lie in (0, 1)")
     labels = np.asarray(labels)
     identities = np.unique(labels)
     if len(identities) < 4:

@@ -58,9 +58,23 @@ class IdentityGenerator(nn.Module):
     def sample_latents(self, cond: torch.Tensor, noise: torch.Tensor, steps: int = 25, guidance: float = 3.0):
         """Denoise ``noise`` under conditions ``cond`` with classifier-free guidance (Arc2Face: 25 steps, scale 3)."""
         sched = self.sampling_scheduler(steps)
+        return self._denoise(sched, noise.to(self.device) * sched.init_noise_sigma, cond, guidance, 0)
+
+    @torch.no_grad()
+    def denoise_from(self, cond: torch.Tensor, x_t: torch.Tensor, t_start: int, steps: int = 25,
+                     guidance: float = 3.0):
+        """Finish denoising ``x_t`` (a clean latent noised to timestep ``t_start`` by the forward process) on the part
+        of the ``steps``-step sampling schedule at or below ``t_start`` (SDEdit, Meng et al. 2022)."""
+        sched = self.sampling_scheduler(steps)
+        begin = int((sched.timesteps > t_start).sum())
+        if begin >= len(sched.timesteps):
+            raise ValueError(f"timestep {t_start} lies below the whole {steps}-step schedule; use a larger one")
+        sched.set_begin_index(begin)
+        return self._denoise(sched, x_t.to(self.device), cond, guidance, begin)
+
+    def _denoise(self, sched, x: torch.Tensor, cond: torch.Tensor, guidance: float, begin: int) -> torch.Tensor:
         uncond = self.unconditional(len(cond))
-        x = noise.to(self.device) * sched.init_noise_sigma
-        for t in sched.timesteps:
+        for t in sched.timesteps[begin:]:
             x_in = torch.cat([x, x])
             eps_u, eps_c = self.predict_noise(x_in, t, torch.cat([uncond, cond])).chunk(2)
             x = sched.step(eps_u + guidance * (eps_c - eps_u), t, x).prev_sample
