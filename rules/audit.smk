@@ -76,7 +76,8 @@ use rule audit_original as audit_unlearned with:
 rule audit_tables:
     input:
         verification=rules.calibrate_verification.output[0],
-        before=lambda wc: expand(rules.audit_original.output.rows, identity=forget_identities()),
+        before=lambda wc: expand(rules.audit_original.output.rows,
+                                 identity=sorted({identity for _, identity in audited_pairs()})),
         after=lambda wc: [expand(rules.audit_unlearned.output.rows, run=run, identity=identity)[0]
                           for run, identity in audited_pairs()],
     output:

@@ -7,7 +7,9 @@ concept) moved from prompt tokens to the identity embedding: a unit condition e,
 forms), optionally plus ``recognizer_weight`` (1 - cos(R(x0_hat), centroid)) on the one-step estimate x0_hat (PIU
 appendix eq. 46) through a differentiable recognizer R, and optionally kept inside the cosine ball cos(e, centroid)
 >= ``min_cosine``. Each restart (the centroid, then random starts) runs ``steps`` Adam steps; the restart with the
-lowest loss on a fixed evaluation batch wins. Samples from the winner are then verified: the attack success rate.
+lowest loss on a fixed evaluation batch wins (``select: loss``), or, for an attacker who may use a recognizer
+(``select: recognizer``), the restart whose condition draws the person best in a few samples of their own seeds.
+Fresh samples from the winner are then verified: the attack success rate.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
         results.append({"restart": restart, "embedding": e.numpy().astype(np.float32), "loss": final,
                         "cosine": float(e @ centre)})
     best = min(results, key=lambda r: r["loss"])
-    return {**best, "restart_losses": [r["loss"] for r in results]}
+    return {**best, "restart_losses": [r["loss"] for r in results], "restarts": results}
 
 
 def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame, manifest: pd.DataFrame,
@@ -115,12 +117,19 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
             ("attack_control", control, control_images[:len(selection["forget_train_images"])]))):
         found = attack_condition(generator, real_latents(generator, manifest, faces, images), cents[identity], cfg,
                                  seed + index, recognizer)
-        n = cfg["samples"]
-        table = pd.DataFrame({"sample_id": [f"{probe}_{i:02d}" for i in range(n)], "target_identity": identity,
-                              "seed": seed + AUDIT_SEED_OFFSET + ATTACK_SEED_OFFSET + 1000 * index + np.arange(n)})
-        images_out = generate_samples(generator, np.repeat(found["embedding"][None], n, axis=0), table["seed"],
-                                      sampler_cfg["steps"], sampler_cfg["guidance"], sampler_cfg["batch_size"])
-        scored = score_samples(table, images_out, analyser, centroids, anchor_identity=None)
+        base = seed + AUDIT_SEED_OFFSET + ATTACK_SEED_OFFSET + 1000 * index
+
+        def scored_from(embedding: np.ndarray, n: int, first_seed: int) -> pd.DataFrame:
+            table = pd.DataFrame({"sample_id": [f"{probe}_{i:02d}" for i in range(n)], "target_identity": identity,
+                                  "seed": first_seed + np.arange(n)})
+            drawn = generate_samples(generator, np.repeat(embedding[None], n, axis=0), table["seed"],
+                                     sampler_cfg["steps"], sampler_cfg["guidance"], sampler_cfg["batch_size"])
+            return score_samples(table, drawn, analyser, centroids, anchor_identity=None)
+
+        if cfg["select"] == "recognizer":  # the attacker checks each restart's condition with its recognizer
+            found = max(found["restarts"], key=lambda r: scored_from(
+                r["embedding"], cfg["select_samples"], base + 500)["own_cosine"].mean())
+        scored = scored_from(found["embedding"], cfg["samples"], base)  # fresh seeds: no selection bias
         rows += [share_row(probe, "best", "fa", verified(scored, tau)), mean_row(probe, "best", "ism",
                  scored["own_cosine"])]
         rows += [{"probe": probe, "setting": "best", "metric": metric, "value": found[metric], "ci_low": float("nan"),
