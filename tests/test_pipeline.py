@@ -242,7 +242,8 @@ def test_new_run_and_one_changed_hyperparameter_rerun_only_that_runs_jobs(two_ru
             "piu": piu, "piu_low": {**piu, "lambda": lam}}}})
 
     only_piu_low = {"unlearn": [f"piu_low/{identity}"], "evaluate_unlearned": [f"piu_low/{identity}"],
-                    "sample_grids": [f"piu_low/{identity}"], "aggregate": [""], "all": [""]}
+                    "sample_grids": [f"piu_low/{identity}"], "audit_unlearned": [f"piu_low/{identity}"],
+                    "aggregate": [""], "audit_tables": [""], "all": [""]}
     assert _jobs(snakemake(workdir, configfile=two_runs_config(1.0))) == only_piu_low  # a new run: only its jobs
     # one hyperparameter of one run changed: that run's unlearning, evaluation and grids, and the tables
     dry = snakemake(workdir, "--dry-run", configfile=two_runs_config(2.0))
@@ -264,7 +265,9 @@ def test_one_more_forget_identity_runs_only_its_jobs(two_runs):
     assert len(new) == 1
     (new,) = new
     per_identity = {"identity_sheet": [f"{new}"], "evaluate_original": [f"{new}"], "unlearn": [f"piu/{new}"],
-                    "evaluate_unlearned": [f"piu/{new}"], "sample_grids": [f"piu/{new}"]}
-    assert ran == {**per_identity, "select_experiments": [""], "aggregate": [""], "all": [""]}, ran
+                    "evaluate_unlearned": [f"piu/{new}"], "sample_grids": [f"piu/{new}"],
+                    "audit_original": [f"{new}"], "audit_unlearned": [f"piu/{new}"]}
+    assert ran == {**per_identity, "select_experiments": [""], "aggregate": [""], "audit_tables": [""],
+                   "all": [""]}, ran
     after = pd.read_csv(workdir / "results" / "tables" / "metrics.csv").set_index("forget_identity")
     pd.testing.assert_series_equal(after.loc[old], before.set_index("forget_identity").loc[old], check_exact=True)
