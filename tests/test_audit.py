@@ -226,13 +226,17 @@ def test_attack_is_seeded_starts_at_the_centroid_and_respects_its_ball():
 
     latents = torch.randn(3, *tiny_arc2face().latent_shape, generator=torch.Generator().manual_seed(0))
     centroid = np.random.default_rng(0).standard_normal(512)
-    cfg = {"restarts": 2, "steps": 0, "lr": 0.1, "batch": 2, "t_low": 100, "t_high": 900, "min_cosine": None,
-           "recognizer_weight": 0.0}
+    cfg = {"restarts": 2, "steps": 0, "checkpoints": 2, "lr": 0.1, "batch": 2, "t_low": 100, "t_high": 900,
+           "min_cosine": None, "recognizer_weight": 0.0}
     unmoved = attack_condition(tiny_arc2face(), latents, centroid, {**cfg, "restarts": 1}, seed=0)
     assert unmoved["restart"] == 0 and unmoved["cosine"] == pytest.approx(1.0, abs=1e-6)
     ball = {**cfg, "steps": 3, "min_cosine": 0.9}
     first = attack_condition(tiny_arc2face(), latents, centroid, ball, seed=0)
     assert first["cosine"] >= 0.9 - 1e-6 and len(first["restart_losses"]) == 2
+    # checkpoints along each path, never its start; the winner is the candidate with the lowest evaluation loss
+    assert [(c["restart"], c["step"]) for c in first["candidates"]] == [(0, 2), (0, 3), (1, 2), (1, 3)]
+    assert first["loss"] == min(c["loss"] for c in first["candidates"])
+    assert all(c["cosine"] >= 0.9 - 1e-6 for c in first["candidates"])
     again = attack_condition(tiny_arc2face(), latents, centroid, ball, seed=0)
     assert np.array_equal(first["embedding"], again["embedding"]) and first["loss"] == again["loss"]
 

@@ -6,10 +6,12 @@ concept) moved from prompt tokens to the identity embedding: a unit condition e,
 ||eps - eps_theta(x_t, t, c(e))||^2 over the forget-train images x0 at timesteps in [t_low, t_high] (where identity
 forms), optionally plus ``recognizer_weight`` (1 - cos(R(x0_hat), centroid)) on the one-step estimate x0_hat (PIU
 appendix eq. 46) through a differentiable recognizer R, and optionally kept inside the cosine ball cos(e, centroid)
->= ``min_cosine``. Each restart (the centroid, then random starts) runs ``steps`` Adam steps; the restart with the
-lowest loss on a fixed evaluation batch wins (``select: loss``), or, for an attacker who may use a recognizer
-(``select: recognizer``), the restart whose condition draws the person best in a few samples of their own seeds.
-Fresh samples from the winner are then verified: the attack success rate.
+>= ``min_cosine``. Each restart (the centroid, then random starts) runs ``steps`` Adam steps and keeps
+``checkpoints`` conditions evenly spaced along its path (the last one at its end; never the start). The candidate
+with the lowest loss on a fixed evaluation batch wins (``select: loss``), or, for an attacker who may use a recognizer
+(``select: recognizer``), the candidate whose condition draws the person best in a few samples of their own seeds: a
+search that passes through the person and then drifts past keeps what it found. Fresh samples from the winner are
+then verified: the attack success rate.
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
                      recognizer=None) -> dict:
     """Search a condition for the identity of ``latents`` (its real images) whose centroid is ``centroid``.
 
-    cfg: restarts (the first starts at the centroid), steps, lr, batch, t_low, t_high, min_cosine (None: no ball),
-    recognizer_weight. Returns the winner: embedding (unit, float32), its cosine to the centroid, its loss on the
-    evaluation batch, the restart it came from, and every restart's final loss."""
+    cfg: restarts (the first starts at the centroid), steps, checkpoints, lr, batch, t_low, t_high, min_cosine (None:
+    no ball), recognizer_weight. Returns the candidate with the lowest evaluation loss: embedding (unit, float32), its
+    cosine to the centroid, its loss on the evaluation batch, the restart and step it came from; ``candidates`` holds
+    every checkpoint of every restart, ``restart_losses`` each restart's final loss."""
     generator.requires_grad_(False)
     centre = normalize(torch.as_tensor(np.asarray(centroid), dtype=torch.float32), dim=0)
     gen = torch.Generator().manual_seed(seed)
@@ -76,15 +79,16 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
         t = torch.randint(cfg["t_low"], cfg["t_high"] + 1, (n,), generator=gen)
         return latents[rows], t, torch.randn((n, *latents.shape[1:]), generator=gen)
 
-    evaluation = batch()  # the same for every restart: the winner is chosen on like terms
-    results = []
+    evaluation = batch()  # the same for every candidate: the winner is chosen on like terms
+    kept = {-(-cfg["steps"] * k // cfg["checkpoints"]) for k in range(1, cfg["checkpoints"] + 1)}  # ceil: last = steps
+    candidates = []
     for restart in range(cfg["restarts"]):
         start = centre.clone() if restart == 0 else normalize(torch.randn(len(centre), generator=gen), dim=0)
         if cfg["min_cosine"] is not None:
             start = _project_to_ball(start, centre, cfg["min_cosine"])
         z = start.clone().requires_grad_(True)
         optimiser = torch.optim.Adam([z], lr=cfg["lr"])
-        for _ in range(cfg["steps"]):
+        for step in range(1, cfg["steps"] + 1):
             loss = attack_loss(generator, normalize(z, dim=0), *batch(), centre, recognizer, cfg["recognizer_weight"])
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
@@ -92,13 +96,23 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
             if cfg["min_cosine"] is not None:
                 with torch.no_grad():
                     z.copy_(_project_to_ball(z, centre, cfg["min_cosine"]))
-        with torch.no_grad():
-            e = normalize(z.detach(), dim=0)
-            final = float(attack_loss(generator, e, *evaluation, centre, recognizer, cfg["recognizer_weight"]))
-        results.append({"restart": restart, "embedding": e.numpy().astype(np.float32), "loss": final,
-                        "cosine": float(e @ centre)})
-    best = min(results, key=lambda r: r["loss"])
-    return {**best, "restart_losses": [r["loss"] for r in results], "restarts": results}
+            if step in kept:
+                candidates.append(_candidate(generator, z, evaluation, centre, recognizer, cfg, restart, step))
+        if cfg["steps"] == 0:  # no search: the start itself is the only candidate
+            candidates.append(_candidate(generator, z, evaluation, centre, recognizer, cfg, restart, 0))
+    best = min(candidates, key=lambda r: r["loss"])
+    finals = [c["loss"] for c in candidates if c["step"] == cfg["steps"]]
+    return {**best, "restart_losses": finals, "candidates": candidates}
+
+
+def _candidate(generator: IdentityGenerator, z: torch.Tensor, evaluation: tuple, centre: torch.Tensor, recognizer,
+               cfg: dict, restart: int, step: int) -> dict:
+    """The condition z / ||z|| kept as a candidate, with its loss on the evaluation batch."""
+    with torch.no_grad():
+        e = normalize(z.detach(), dim=0)
+        loss = float(attack_loss(generator, e, *evaluation, centre, recognizer, cfg["recognizer_weight"]))
+    return {"restart": restart, "step": step, "embedding": e.numpy().astype(np.float32), "loss": loss,
+            "cosine": float(e @ centre)}
 
 
 def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame, manifest: pd.DataFrame,
@@ -126,8 +140,8 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
                                      sampler_cfg["steps"], sampler_cfg["guidance"], sampler_cfg["batch_size"])
             return score_samples(table, drawn, analyser, centroids, anchor_identity=None)
 
-        if cfg["select"] == "recognizer":  # the attacker checks each restart's condition with its recognizer
-            found = max(found["restarts"], key=lambda r: scored_from(
+        if cfg["select"] == "recognizer":  # the attacker checks each candidate condition with its recognizer
+            found = max(found["candidates"], key=lambda r: scored_from(
                 r["embedding"], cfg["select_samples"], base + 500)["own_cosine"].mean())
         scored = scored_from(found["embedding"], cfg["samples"], base)  # fresh seeds: no selection bias
         rows += [share_row(probe, "best", "fa", verified(scored, tau)), mean_row(probe, "best", "ism",
