@@ -6,7 +6,6 @@ rule train_generator:
     input:
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
-        labels=rules.cluster_identities.output.labels,
         centroids=rules.cluster_identities.output.centroids,
         models=face_models_dir(),
     output:

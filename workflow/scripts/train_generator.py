@@ -3,6 +3,7 @@ import os
 import pandas as pd
 import torch
 
+from idunlearn.evaluation.generation import identity_monitor
 from idunlearn.faces import build_face_analyser
 from idunlearn.io import write_parquet
 from idunlearn.models.mini import DEFAULT_ARCHITECTURE
@@ -13,7 +14,8 @@ with stage_log(snakemake.log[0], "train_generator"):
     torch.set_num_threads(snakemake.threads)
     p, i = snakemake.params, snakemake.input
     history = train_mini_generator(
-        pd.read_parquet(i.manifest), pd.read_parquet(i.faces), pd.read_parquet(i.labels),
-        pd.read_parquet(i.centroids), {**DEFAULT_ARCHITECTURE, **p.mini["architecture"]}, p.mini["training"],
-        os.path.dirname(snakemake.output.model), p.state, analyser=build_face_analyser(p.faces, i.models))
+        pd.read_parquet(i.manifest), pd.read_parquet(i.faces), {**DEFAULT_ARCHITECTURE, **p.mini["architecture"]},
+        p.mini["training"],
+        os.path.dirname(snakemake.output.model), p.state,
+        monitor=identity_monitor(build_face_analyser(p.faces, i.models), pd.read_parquet(i.centroids), p.mini["training"]))
     write_parquet(pd.DataFrame(history), snakemake.output.history)

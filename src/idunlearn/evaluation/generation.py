@@ -7,6 +7,7 @@ import pandas as pd
 import torch
 
 from ..faces.analyser import FaceAnalyser, read_embeddings
+from ..identities import centroid_matrix
 from ..models.generator import IdentityGenerator, initial_noise
 from .identity import accuracy, identity_similarity, nearest_centroid
 
@@ -36,3 +37,16 @@ def identity_check(generator: IdentityGenerator, analyser: FaceAnalyser, identit
     pred = nearest_centroid(emb, centroid_ids, centroids, detected)
     return {"ism": float(identity_similarity(emb, own, detected).mean()), "accuracy": accuracy(pred, identity_ids),
             "detection_rate": float(detected.mean())}
+def identity_monitor(analyser: FaceAnalyser, centroids: pd.DataFrame, cfg: dict):
+    """``monitor(ema, step)`` for ``models.pretrain.train_mini_generator``: ``identity_check`` of one sample per
+    identity with 2+ images, conditioned on its centroid (``cfg``: seed, monitor_steps, monitor_guidance)."""
+    multi = centroids[centroids["size"] >= 2]
+    ids, cents, cond = centroids["identity"].to_numpy(), centroid_matrix(centroids), centroid_matrix(multi)
+    seeds = [cfg["seed"] + i for i in range(len(multi))]
+
+    def monitor(ema: IdentityGenerator, step: int) -> dict:
+        return identity_check(ema.eval(), analyser, multi["identity"].to_numpy(), cond, ids, cents, seeds,
+                              cfg["monitor_steps"], cfg["monitor_guidance"])
+    return monitor
+
+

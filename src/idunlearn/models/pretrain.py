@@ -92,16 +92,14 @@ def _save_state(path: Path, generator, ema, opt, rng, step: int, history: list[d
                     "rng": rng.get_state(), "step": step, "history": table, "history_keys": keys}, tmp)
 
 
-def train_mini_generator(manifest, faces, labels, centroids, arch: dict, cfg: dict, out_dir, state_path,
-                         analyser=None) -> list[dict]:
+def train_mini_generator(manifest, faces, arch: dict, cfg: dict, out_dir, state_path,
+                         monitor: Callable | None = None) -> list[dict]:
     """Train the mini Arc2Face on every embedded face and save it (EMA weights) with its config and history.
 
-    ``monitor_every`` steps, one sample per identity (2+ images, centroid-conditioned) is generated and read
-    back by ``analyser`` to log ISM and nearest-centroid accuracy.
+    Every ``monitor_every`` steps ``monitor(ema, step)`` returns metrics to log (the workflow passes
+    ``evaluation.generation.identity_monitor``: ISM and nearest-centroid accuracy of one sample per identity).
     """
-    from ..evaluation.generation import identity_check
     from ..faces.analyser import aligned_crops
-    from ..identities import centroid_matrix
     from .mini import build_mini_generator, save_mini_generator
 
     torch.manual_seed(cfg["seed"])
@@ -110,17 +108,6 @@ def train_mini_generator(manifest, faces, labels, centroids, arch: dict, cfg: di
     images = faces_to_training_images(aligned_crops(paths, ok["landmarks"]), arch["image_size"], arch["channels"])
     embeddings = torch.tensor(np.stack(ok["embedding"].to_numpy()), dtype=torch.float32)
     generator = build_mini_generator(arch)
-    monitor = None
-    if analyser is not None:
-        multi = centroids[centroids["size"] >= 2]
-        ids, cents = centroids["identity"].to_numpy(), centroid_matrix(centroids)
-        cond = centroid_matrix(multi)
-        seeds = [cfg["seed"] + i for i in range(len(multi))]
-
-        def monitor(ema, step):
-            return identity_check(ema.eval(), analyser, multi["identity"].to_numpy(), cond, ids, cents, seeds,
-                                  cfg["monitor_steps"], cfg["monitor_guidance"])
-
     ema, history = pretrain(generator, images, embeddings, cfg, state_path, monitor)
     ema.architecture = generator.architecture
     save_mini_generator(ema, out_dir, {"training": cfg, "images": len(images),
