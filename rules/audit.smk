@@ -20,8 +20,45 @@ rule calibrate_verification:
         "../workflow/scripts/calibrate_verification.py"
 
 
+rule second_recognizer_models:
+    output:
+        directory(second_recognizer_models_dir()),
+    params:
+        second=config["audit"]["second_recognizer"],
+        cache_dir=ASSETS,
+    log:
+        logs("second_recognizer_models"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/second_recognizer_models.py"
+
+
+rule second_recognizer_reference:
+    input:
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        generator=generator_files(),
+        models=second_recognizer_models_dir(),
+    output:
+        centroids=results("audit", "second_recognizer", "centroids.parquet"),
+        verification=results("audit", "second_recognizer", "verification.json"),
+    params:
+        second=config["audit"]["second_recognizer"],
+        verification=config["audit"]["verification"],
+        generator=config["generator"],
+    log:
+        logs("second_recognizer_reference"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/second_recognizer_reference.py"
+
+
 rule audit_original:
     input:
+        unpack(second_recognizer_inputs),
         selection=selection_file,
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
@@ -31,11 +68,13 @@ rule audit_original:
         models=face_models_dir(),
         verification=rules.calibrate_verification.output[0],
         evaluation=rules.evaluate_original.output.samples,
+        evaluation_images=rules.evaluate_original.output.images,
     output:
         samples=results("audit", "before", "{identity}", "samples.parquet"),
         rows=results("audit", "before", "{identity}", "rows.parquet"),
     params:
         probes=config["audit"]["probes"],
+        second=config["audit"]["second_recognizer"],
         evaluation=config["evaluation"],
         generator=config["generator"],
         faces=config["faces"],
@@ -55,6 +94,7 @@ rule audit_original:
 
 use rule audit_original as audit_unlearned with:
     input:
+        unpack(second_recognizer_inputs),
         changed=rules.unlearn.output.changed,
         selection=selection_file,
         manifest=rules.acquire_dataset.output.manifest,
@@ -65,6 +105,7 @@ use rule audit_original as audit_unlearned with:
         models=face_models_dir(),
         verification=rules.calibrate_verification.output[0],
         evaluation=rules.evaluate_unlearned.output.samples,
+        evaluation_images=rules.evaluate_unlearned.output.images,
         before=rules.evaluate_original.output.samples,
     output:
         samples=results("audit", "after", "{run}", "{identity}", "samples.parquet"),

