@@ -252,3 +252,10 @@ def test_attack_control_bound():
     assert "passes" in attack_control_lines(summary(0.64))[1]  # 0.914 x 0.7
     assert "FAILS" in attack_control_lines(summary(0.62))[1]  # 0.886 x 0.7
     assert attack_control_lines(summary(0.62).iloc[1:]) == []  # no attack run: nothing to say
+
+    # identity by identity: 7 reaches 0.70 of 0.70 (passes), 37 reaches 0.58 of 0.73 (0.79 x: below the bound)
+    table = pd.DataFrame({"run": "original", "identity": [7, 7, 37, 37], "probe": ["attack", "evaluation"] * 2,
+                          "setting": ["best", "forget"] * 2, "metric": "ism", "value": [0.70, 0.70, 0.58, 0.73]})
+    line = attack_control_lines(summary(0.64), table)[1]
+    assert "passes on 1 of 2; below the bound on 37" in line
+    assert "passes on 2 of 2." in attack_control_lines(summary(0.64), table.assign(value=0.7))[1]

@@ -22,6 +22,6 @@ with stage_log(snakemake.log[0], "audit_tables"):
     write_csv(table, out.csv)
     write_csv(summary, out.summary)
     with atomic_path(out.summary_md) as tmp:
-        tmp.write_text(audit_markdown(summary, read_json(i.verification)))
+        tmp.write_text(audit_markdown(summary, read_json(i.verification), table))
     plot_neighbourhood(table, out.neighbourhood, snakemake.params.seed)
     plot_locality(table, out.locality)
