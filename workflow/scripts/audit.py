@@ -26,13 +26,14 @@ with stage_log(snakemake.log[0], "audit") as log:
     tau, analyser = read_json(i.verification)["tau"], build_face_analyser(p.faces, i.models)
     probes = probe_set(selection, faces, centroids, p.probes, p.seed)
     scored, images = score_probes(generator, analyser, probes, centroids, p.evaluation)
+    evaluation = pd.read_parquet(i.evaluation)
     before = pd.read_parquet(i.before) if "before" in i.keys() else None
     extra, second = [], None
     if "second_centroids" in i.keys():  # every verified sample verified again by the independent recognizer
         second = SecondRecognizer(DlibDescriptor(i.second_models, p.second["mode"]),
                                   pd.read_parquet(i.second_centroids), read_json(i.second_verification)["tau"])
         extra += second_probe_rows(second, scored, images)
-        extra += second_evaluation_rows(second, pd.read_parquet(i.evaluation), np.load(i.evaluation_images))
+        extra += second_evaluation_rows(second, evaluation, np.load(i.evaluation_images))
     if "trajectory" in p.probes:
         extra += trajectory_probe(generator, analyser, centroids, manifest, faces, labels, selection,
                                   p.probes["trajectory"], p.evaluation, tau, p.seed)
@@ -49,7 +50,7 @@ with stage_log(snakemake.log[0], "audit") as log:
         else:
             extra += forget_relearning(*common, before.loc[before["kind"] == "forget", "own_cosine"].mean())
     ks = p.probes["leak"]["ks"] if "leak" in p.probes else []
-    rows = audit_rows(scored, pd.read_parquet(i.evaluation), before, centroids, selection["forget_identity"], tau, ks,
+    rows = audit_rows(scored, evaluation, before, centroids, selection["forget_identity"], tau, ks,
                       extra)
     log.info("%d probe samples, %d rows", len(scored), len(rows))
     write_parquet(scored.drop(columns=["landmarks"]), out.samples)

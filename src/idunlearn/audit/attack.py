@@ -28,7 +28,7 @@ from ..identities import centroid_matrix
 from ..models.generator import IdentityGenerator
 from ..unlearning.conditions import predicted_x0
 from ..unlearning.wid import recognizer_input
-from .probes import AUDIT_SEED_OFFSET
+from .probes import AUDIT_SEED_OFFSET, control_identity
 from .run import mean_row, share_row
 from .verification import verified
 
@@ -47,10 +47,10 @@ def _project_to_ball(z: torch.Tensor, centre: torch.Tensor, min_cosine: float) -
     return min_cosine * centre + float(np.sqrt(1 - min_cosine ** 2)) * ortho
 
 
-def attack_loss(generator: IdentityGenerator, embedding: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
+def attack_loss(generator: IdentityGenerator, sched, embedding: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
                 noise: torch.Tensor, centre: torch.Tensor, recognizer, recognizer_weight: float) -> torch.Tensor:
-    """Denoising loss of the condition ``embedding`` on (x0, t, noise), plus the optional recognizer pull."""
-    sched = generator.training_scheduler()
+    """Denoising loss of the condition ``embedding`` on (x0, t, noise) under the training scheduler ``sched``, plus
+    the optional recognizer pull."""
     x_t = sched.add_noise(x0, noise, t)
     cond = generator.conditions(embedding.expand(len(x0), -1))
     eps = generator.predict_noise(x_t, t, cond)
@@ -72,7 +72,7 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
     generator.requires_grad_(False)
     centre = normalize(torch.as_tensor(np.asarray(centroid), dtype=torch.float32), dim=0)
     gen = torch.Generator().manual_seed(seed)
-    n = cfg["batch"]
+    sched, n = generator.training_scheduler(), cfg["batch"]
 
     def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = torch.randint(len(latents), (n,), generator=gen)
@@ -89,7 +89,8 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
         z = start.clone().requires_grad_(True)
         optimiser = torch.optim.Adam([z], lr=cfg["lr"])
         for step in range(1, cfg["steps"] + 1):
-            loss = attack_loss(generator, normalize(z, dim=0), *batch(), centre, recognizer, cfg["recognizer_weight"])
+            loss = attack_loss(generator, sched, normalize(z, dim=0), *batch(), centre, recognizer,
+                               cfg["recognizer_weight"])
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
@@ -97,20 +98,20 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
                 with torch.no_grad():
                     z.copy_(_project_to_ball(z, centre, cfg["min_cosine"]))
             if step in kept:
-                candidates.append(_candidate(generator, z, evaluation, centre, recognizer, cfg, restart, step))
+                candidates.append(_candidate(generator, sched, z, evaluation, centre, recognizer, cfg, restart, step))
         if cfg["steps"] == 0:  # no search: the start itself is the only candidate
-            candidates.append(_candidate(generator, z, evaluation, centre, recognizer, cfg, restart, 0))
+            candidates.append(_candidate(generator, sched, z, evaluation, centre, recognizer, cfg, restart, 0))
     best = min(candidates, key=lambda r: r["loss"])
     finals = [c["loss"] for c in candidates if c["step"] == cfg["steps"]]
     return {**best, "restart_losses": finals, "candidates": candidates}
 
 
-def _candidate(generator: IdentityGenerator, z: torch.Tensor, evaluation: tuple, centre: torch.Tensor, recognizer,
-               cfg: dict, restart: int, step: int) -> dict:
+def _candidate(generator: IdentityGenerator, sched, z: torch.Tensor, evaluation: tuple, centre: torch.Tensor,
+               recognizer, cfg: dict, restart: int, step: int) -> dict:
     """The condition z / ||z|| kept as a candidate, with its loss on the evaluation batch."""
     with torch.no_grad():
         e = normalize(z.detach(), dim=0)
-        loss = float(attack_loss(generator, e, *evaluation, centre, recognizer, cfg["recognizer_weight"]))
+        loss = float(attack_loss(generator, sched, e, *evaluation, centre, recognizer, cfg["recognizer_weight"]))
     return {"restart": restart, "step": step, "embedding": e.numpy().astype(np.float32), "loss": loss,
             "cosine": float(e @ centre)}
 
@@ -124,8 +125,7 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
     centroid and its loss; with ``second`` (an ``audit.second_recognizer.SecondRecognizer``) also the winner's samples
     under the independent recognizer (fa_second, ism_second)."""
     cents = dict(zip(centroids["identity"], centroid_matrix(centroids)))
-    control = selection["retain_val_identities"][0]
-    control_images = sorted(labels.loc[labels["identity"] == control, "image_id"])
+    control, control_images = control_identity(selection, faces, labels)
     rows = []
     for index, (probe, identity, images) in enumerate((
             ("attack", selection["forget_identity"], sorted(selection["forget_train_images"])),

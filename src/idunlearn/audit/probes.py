@@ -22,6 +22,14 @@ AUDIT_SEED_OFFSET = 200_000  # audit sample i uses seed + 200000 + i: apart from
 PROBES = ("leak", "photo", "neighbourhood", "relearning", "trajectory", "attack")
 
 
+def control_identity(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame) -> tuple[int, list[str]]:
+    """The audit's control identity (the first retain-validation identity) and its embedded images, sorted: the
+    relearning, trajectory and attack probes treat it like the forget identity."""
+    identity = selection["retain_val_identities"][0]
+    embedded = set(ok_embeddings(faces).index)
+    return identity, sorted(i for i in labels.loc[labels["identity"] == identity, "image_id"] if i in embedded)
+
+
 @dataclass
 class ProbeSet:
     table: pd.DataFrame

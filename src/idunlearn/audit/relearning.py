@@ -23,7 +23,7 @@ from ..faces.analyser import FaceAnalyser, ok_embeddings
 from ..models.generator import IdentityGenerator
 from ..models.layers import select_trainable
 from ..unlearning.conditions import draw_examples, noised
-from .probes import AUDIT_SEED_OFFSET
+from .probes import AUDIT_SEED_OFFSET, control_identity
 from .verification import verified
 
 CONTROL_SEED_OFFSET = 100_000  # the control identity's samples: apart from the probe samples' seeds
@@ -116,10 +116,8 @@ def control_relearning(generator: IdentityGenerator, analyser: FaceAnalyser, sel
                        evaluation_cfg: dict, cfg: dict, tau: float, seed: int) -> list[dict]:
     """The control: the same fine-tuning of ``generator`` (in place; the original model) on the first
     retain-validation identity, measured on Dirichlet mixtures of its images."""
-    identity = selection["retain_val_identities"][0]
-    emb = ok_embeddings(faces)
-    images = sorted(i for i in labels.loc[labels["identity"] == identity, "image_id"] if i in emb.index)
-    own = np.stack(emb.loc[images].to_numpy()).astype(np.float32)
+    identity, images = control_identity(selection, faces, labels)
+    own = np.stack(ok_embeddings(faces).loc[images].to_numpy()).astype(np.float32)
     n = evaluation_cfg["n_forget_samples"]
     conditions = dirichlet_mixtures(own, n, np.random.default_rng([seed, identity, 11]))
     table = pd.DataFrame({"sample_id": [f"control_{i:03d}" for i in range(n)], "target_identity": identity,

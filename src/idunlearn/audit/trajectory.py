@@ -16,6 +16,7 @@ from ..evaluation.samples import score_samples
 from ..experiment import real_latents
 from ..faces.analyser import FaceAnalyser, ok_embeddings
 from ..models.generator import IdentityGenerator
+from .probes import control_identity
 from .run import mean_row, share_row
 from .verification import verified
 
@@ -60,9 +61,7 @@ def trajectory_probe(generator: IdentityGenerator, analyser: FaceAnalyser, centr
                      sampler_cfg: dict, tau: float, seed: int) -> list[dict]:
     """Rows of the probe on the first ``cfg['images']`` forget-validation images (probe ``trajectory``) and on as many
     images of the first retain-validation identity (``trajectory_control``)."""
-    emb = ok_embeddings(faces)
-    control = selection["retain_val_identities"][0]
-    control_images = sorted(i for i in labels.loc[labels["identity"] == control, "image_id"] if i in emb.index)
+    control, control_images = control_identity(selection, faces, labels)
     rows = []
     for probe, identity, images in (
             ("trajectory", selection["forget_identity"], sorted(selection["forget_val_images"])[:cfg["images"]]),

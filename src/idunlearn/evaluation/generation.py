@@ -37,6 +37,8 @@ def identity_check(generator: IdentityGenerator, analyser: FaceAnalyser, identit
     pred = nearest_centroid(emb, centroid_ids, centroids, detected)
     return {"ism": float(identity_similarity(emb, own, detected).mean()), "accuracy": accuracy(pred, identity_ids),
             "detection_rate": float(detected.mean())}
+
+
 def identity_monitor(analyser: FaceAnalyser, centroids: pd.DataFrame, cfg: dict):
     """``monitor(ema, step)`` for ``models.pretrain.train_mini_generator``: ``identity_check`` of one sample per
     identity with 2+ images, conditioned on its centroid (``cfg``: seed, monitor_steps, monitor_guidance)."""
@@ -48,5 +50,3 @@ def identity_monitor(analyser: FaceAnalyser, centroids: pd.DataFrame, cfg: dict)
         return identity_check(ema.eval(), analyser, multi["identity"].to_numpy(), cond, ids, cents, seeds,
                               cfg["monitor_steps"], cfg["monitor_guidance"])
     return monitor
-
-
