@@ -16,7 +16,7 @@ from idunlearn.evaluation.features import MobileFaceNetMapFeatures, whole_frames
 from idunlearn.evaluation.generation import to_uint8_images
 from idunlearn.evaluation.kernel import kernel_distance
 from idunlearn.evaluation.samples import generate_samples
-from idunlearn.experiment import build_features, reference_images
+from idunlearn.experiment import build_features, reference_batches, reference_features
 from idunlearn.faces.align import ARCFACE_TEMPLATE_112, align_face
 from idunlearn.faces.analyser import largest, load_rgb
 from idunlearn.faces.offline import OfflineFaceAnalyser
@@ -101,7 +101,8 @@ def test_generated_and_reference_images_reach_the_features_alike(tmp_path):
     manifest = pd.DataFrame({"image_id": ["a"], "path": [str(tmp_path / "a.png")]})
     faces = pd.DataFrame({"image_id": ["a"], "status": ["ok"], "landmarks": [ARCFACE_TEMPLATE_112.reshape(-1)]})
     labels = pd.DataFrame({"image_id": ["a"], "identity": [7]})
-    reference = reference_images({"retain_val_identities": [7]}, manifest, faces, labels, generator).images
+    reference = np.concatenate(list(reference_batches({"retain_val_identities": [7]}, manifest, faces, labels,
+                                                      generator)))
 
     assert generated.shape[1:] == reference.shape[1:] == (8, 8, 3)
     assert generated.dtype == reference.dtype == np.uint8
@@ -109,3 +110,26 @@ def test_generated_and_reference_images_reach_the_features_alike(tmp_path):
     expected = np.asarray(Image.fromarray(aligned).convert("L").resize((8, 8), Image.BOX))
     np.testing.assert_array_equal(reference[0], np.repeat(expected[..., None], 3, axis=2))
     assert whole_frames(generated, 112).shape[1:] == whole_frames(reference, 112).shape[1:] == (3, 112, 112)
+
+
+def test_reference_features_see_one_batch_at_a_time(tmp_path):
+    """The reference is featurised batch by batch (the paper path's 512 px reference would not fit at once), in
+    image-id order, and gives the same features as the whole reference at once."""
+    generator = tiny_generator()
+    rng = np.random.default_rng(1)
+    for name in "abc":
+        Image.fromarray(rng.integers(0, 256, (112, 112, 3), dtype=np.uint8)).save(tmp_path / f"{name}.png")
+    manifest = pd.DataFrame({"image_id": list("cab"), "path": [str(tmp_path / f"{n}.png") for n in "cab"]})
+    faces = pd.DataFrame({"image_id": list("cab"), "status": "ok", "landmarks": [ARCFACE_TEMPLATE_112.reshape(-1)] * 3})
+    labels = pd.DataFrame({"image_id": list("cab"), "identity": [7, 7, 8]})
+    selection = {"retain_val_identities": [7, 8]}
+    seen = []
+
+    def features(images: np.ndarray) -> np.ndarray:
+        seen.append(len(images))
+        return images.reshape(len(images), -1).astype(np.float64).mean(axis=1, keepdims=True)
+
+    batched = reference_features(selection, manifest, faces, labels, generator, features, batch_size=2)
+    assert seen == [2, 1]
+    whole = np.concatenate(list(reference_batches(selection, manifest, faces, labels, generator, batch_size=3)))
+    np.testing.assert_array_equal(batched, features(whole))

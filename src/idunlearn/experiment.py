@@ -3,7 +3,7 @@ gather the identity data, unlearn, evaluate before and after."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -114,23 +114,23 @@ def differentiable_recognizer(faces_cfg: dict, models_dir) -> torch.nn.Module:
     return recognizer.eval().requires_grad_(False)
 
 
-@dataclass
-class ReferenceImages:
-    """Retain-validation real faces prepared exactly like generated images: ``real_pixels`` (the generator's
-    resolution, channels and crop policy), then the generator's output convention ([0, 1], three channels) and
-    ``to_uint8_images``; so the kernel-distance features see real and generated images at the same size and level
-    of detail."""
-
-    image_ids: list[str]
-    images: np.ndarray  # (N, H, W, 3) uint8, H x W the generator's output size
-
-
-def reference_images(selection: dict, manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame,
-                     generator: IdentityGenerator, batch_size: int = 64) -> ReferenceImages:
+def reference_batches(selection: dict, manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame,
+                      generator: IdentityGenerator, batch_size: int = 64) -> Iterator[np.ndarray]:
+    """Retain-validation real faces prepared exactly like generated images, a batch at a time: ``real_pixels`` (the
+    generator's resolution, channels and crop policy), then the generator's output convention ([0, 1], three channels)
+    and ``to_uint8_images``; so the kernel-distance features see real and generated images at the same size and level
+    of detail. Yields (n, H, W, 3) uint8 arrays, H x W the generator's output size, in image-id order."""
     ids = sorted(labels.loc[labels["identity"].isin(selection["retain_val_identities"]), "image_id"])
-    images = [to_uint8_images(unit_rgb(real_pixels(generator, manifest, faces, ids[i:i + batch_size])))
-              for i in range(0, len(ids), batch_size)]
-    return ReferenceImages(ids, np.concatenate(images))
+    for start in range(0, len(ids), batch_size):
+        yield to_uint8_images(unit_rgb(real_pixels(generator, manifest, faces, ids[start:start + batch_size])))
+
+
+def reference_features(selection: dict, manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame,
+                       generator: IdentityGenerator, features, batch_size: int = 64) -> np.ndarray:
+    """Kernel-distance features of the real reference (``reference_batches``), one batch of images in memory at a
+    time: on the paper path the reference images at 512 px would take about 2 GB at once."""
+    return np.concatenate([features(batch) for batch in reference_batches(selection, manifest, faces, labels,
+                                                                          generator, batch_size)])
 
 
 def build_features(cfg: dict, analyser: FaceAnalyser):

@@ -5,7 +5,7 @@ import torch
 from idunlearn.evaluation.quality import build_quality
 from idunlearn.evaluation.run import anchor_images, evaluate_generator
 from idunlearn.evaluation.samples import evaluation_set
-from idunlearn.experiment import build_features, load_generator, reference_images
+from idunlearn.experiment import build_features, load_generator, reference_features
 from idunlearn.faces import build_face_analyser
 from idunlearn.io import atomic_path, read_json, write_json, write_parquet
 from idunlearn.runlog import stage_log
@@ -24,10 +24,11 @@ with stage_log(snakemake.log[0], "evaluate") as log:
         apply_changed_parameters(generator, i.changed)
     analyser = build_face_analyser(p.faces, i.models)
     features, quality = build_features(cfg["kd"], analyser), build_quality(cfg["quality"])
-    reference = reference_images(selection, manifest, faces, labels, generator)
     eval_set = evaluation_set(selection, faces, labels, cfg["n_forget_samples"], cfg["n_retain_samples"], p.seed)
     scored, metrics, images = evaluate_generator(generator, analyser, features, quality, eval_set, centroids,
-                                                 selection["anchor_identity"], features(reference.images), cfg)
+                                                 selection["anchor_identity"],
+                                                 reference_features(selection, manifest, faces, labels, generator,
+                                                                    features), cfg)
     log.info("metrics: %s", metrics)
     arrays = {"samples": images, "sample_ids": scored["sample_id"].to_numpy(str)}
     if "changed" not in i.keys():
