@@ -66,6 +66,7 @@ rule pareto:
         figure=report(results("figures", "pareto.png"), category="Controllable unlearning"),
     params:
         points=controllable_points(),
+        tolerances={base: spec["tolerance"] for base, spec in config["unlearning"]["controllable"].items()},
     log:
         logs("pareto"),
     conda:

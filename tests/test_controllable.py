@@ -1,11 +1,13 @@
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from idunlearn.config import ConfigError, controllable_runs, epsilon_boundary_runs, run_config, validate_config
 from idunlearn.controllable import (
     PARETO_METRICS, final_objective, pareto_figure, pareto_summary, pareto_table, phase_two_epsilon,
 )
+from idunlearn.unlearning.optimisers import build_optimiser
 
 
 def config(fractions=(0.75, 0.25)):
@@ -21,17 +23,35 @@ def test_controllable_expands_phase_one_and_two_runs_in_completeness_order():
     phase2 = run_config(cfg, "piu.eps_0.25")
     assert phase2["optimiser"] == "epsilon_constrained" and phase2["epsilon_phase"] == "controlled"
     assert phase2["epsilon_fraction"] == 0.25 and phase2["steps"] == 10 and phase2["eta"] == 2.0
-    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "original"
+    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "lowest"  # the paper's Phase I by default
     assert epsilon_boundary_runs(cfg, "piu.eps_0.25") == ["piu.eps_highest", "piu.eps_lowest"]
     assert epsilon_boundary_runs(cfg, "piu") == [] and epsilon_boundary_runs(cfg, "piu.eps_highest") == []
 
 
-def test_the_lowest_boundary_is_the_original_model_or_the_papers_phase_one_run():
+def test_the_lowest_boundary_is_the_papers_phase_one_run_or_the_original_model():
     cfg = validate_config({"unlearning": {"runs": {"piu": {}}, "controllable": {
-        "piu": {"fractions": [0.5], "lowest": "phase_one"}}}})
-    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "lowest"
+        "piu": {"fractions": [0.5], "lowest": "original"}}}})
+    assert run_config(cfg, "piu.eps_lowest")["epsilon_phase"] == "original"  # the extension
     with pytest.raises(ConfigError, match="unlearning.controllable.piu.lowest"):
         validate_config({"unlearning": {"controllable": {"piu": {"fractions": [0.5], "lowest": "zero"}}}})
+
+
+def test_epsilon_constrained_runs_default_to_no_weight_decay_and_others_keep_pius():
+    # epsilon-constrained paper, Appendix E.1: AdamW (Adam) with no weight decay; PIU's runs keep 0.01
+    cfg = validate_config({"unlearning": {"runs": {"piu": {}, "mine": {"optimiser": "epsilon_constrained"},
+                                                   "decayed": {"optimiser": "epsilon_constrained", "weight_decay": 0.1}},
+                                          "controllable": {"piu": {"fractions": [0.5]}}}})
+    assert [run_config(cfg, run)["weight_decay"] for run in ("piu", "mine", "decayed")] == [0.01, 0.0, 0.1]
+    assert {run_config(cfg, f"piu.eps_{p}")["weight_decay"] for p in ("highest", "0.5", "lowest")} == {0.0}
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert build_optimiser(params, run_config(cfg, "mine")).adamw.param_groups[0]["weight_decay"] == 0.0
+
+
+def test_eupmu_alpha_follows_the_runs_lr_unless_given():
+    cfg = validate_config({"unlearning": {"runs": {"fast": {"optimiser": "eupmu_fast", "lr": 3e-4},
+                                                   "own": {"optimiser": "eupmu", "lr": 3e-4, "eupmu_alpha": 1e-3}}}})
+    assert run_config(cfg, "fast")["eupmu_alpha"] == 3e-4 and run_config(cfg, "own")["eupmu_alpha"] == 1e-3
+    assert build_optimiser([torch.nn.Parameter(torch.zeros(2))], run_config(cfg, "fast")).alpha == 3e-4
 
 
 def test_bad_controllable_settings_name_the_key():
@@ -51,8 +71,7 @@ def test_final_objective_and_phase_two_epsilon_by_hand():
     assert final_objective(highest, "forget_loss") == pytest.approx(2.0)
     assert final_objective(lowest, "forget_loss") == pytest.approx(8.0)
     assert phase_two_epsilon(0.25, highest, lowest) == pytest.approx(2.0 + 0.25 * 6.0)
-    with pytest.raises(ValueError, match="swapped"):
-        phase_two_epsilon(0.5, lowest, highest)
+    assert phase_two_epsilon(0.5, lowest, highest) == pytest.approx(8.0)  # empty range: the highest boundary's f1
 
 
 def test_pareto_table_summary_and_figure():
@@ -63,14 +82,19 @@ def test_pareto_table_summary_and_figure():
             metrics.append({"run": run, "forget_identity": ident, **{m: 0.1 * rank + 0.01 * ident for m in PARETO_METRICS}})
             losses[(run, ident)] = pd.DataFrame({"step": [1, 2], "forget_loss": [9.0, 1.0 + rank],
                                                  "retain_loss": [0.0, 2.0 - rank]})
-    table = pareto_table(points, pd.DataFrame(metrics), losses)
+    table = pareto_table(points, pd.DataFrame(metrics), losses, {"piu": 1.5})
     assert len(table) == 6 and table["f1_forget"].tolist() == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
     # Phase II's bound at fraction 0.5 of [f1(highest), f1(lowest)] = [1, 3] (last step of two: 10% rounds to 1)
     np.testing.assert_array_equal(table["epsilon"], [np.nan, 2.0, np.nan, np.nan, 2.0, np.nan])
+    assert (table["f1_range"] == 2.0).all() and not table["degenerate"].any()
+    # a range within the tolerance is a degenerate front: flagged, and the table is still written
+    assert pareto_table(points, pd.DataFrame(metrics), losses, {"piu": 2.0})["degenerate"].all()
     summary = pareto_summary(table)
+    assert (summary["n_degenerate"] == 0).all()
     assert summary["point"].tolist() == ["highest", "0.5", "lowest"]
     assert summary["ism_forget_after_mean"].tolist() == pytest.approx([0.04, 0.14, 0.24])
     assert summary["epsilon_mean"].iloc[1] == 2.0 and summary["epsilon_mean"].iloc[[0, 2]].isna().all()
     assert summary["ism_forget_rank_spearman"].iloc[0] > 0.8  # forget ISM rises as completeness falls
     fig = pareto_figure(table, summary)
     assert len(fig.axes) == 2
+

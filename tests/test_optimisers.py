@@ -83,11 +83,49 @@ def test_epsilon_constrained_eta_is_the_dual_solution_and_the_direction_solves_e
     theta = np.array([0.2, -0.1, 0.4])
     row = opt.step(_linear(params, c1, c2, f1_offset=f1 - c1 @ theta))
     sq = c1 @ c1
-    psi = 1.5 * sq if phase == "highest" else 0.8 * (f1 - epsilon) * sq  # alpha ||g1||^2 / beta (f1 - eps) ||g1||^2
+    # alpha ||g1||^2 (Phase I) / beta ((f1 - eps) / s) ||g1||^2 (Phase II, s = |f1| at the first step = f1 here)
+    psi = 1.5 * sq if phase == "highest" else 0.8 * (f1 - epsilon) / f1 * sq
     assert row["psi_t"] == pytest.approx(psi)
     assert row["eta_t"] == pytest.approx(max((psi - c2 @ c1) / (sq + VARPI), 0.0))
     np.testing.assert_allclose(_grad(params), _qp_eq7(c1, c2, psi), atol=1e-6)
     assert row["backward_passes"] == 2 and row["forget_loss"] == pytest.approx(f1)
+
+
+def test_phase_two_scales_beta_by_the_forget_objective_of_the_first_step_and_keeps_it():
+    c1, c2 = np.array([0.6, -0.3]), np.array([0.2, 0.1])
+    params = _params([0.0, 0.0])
+    opt = build_optimiser(params, {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "controlled",
+                                   "epsilon": 0.1, "epsilon_beta": 2.0, "epsilon_phase2_delta": 3})
+    opt.step(_linear(params, c1, c2, f1_offset=0.5))  # s = 0.5, kept for the whole run
+    theta = torch.cat([p.detach() for p in params]).numpy()
+    row = opt.step(_linear(params, c1, c2, f1_offset=0.3 - c1 @ theta))  # f1 = 0.3 at the second step
+    assert row["psi_t"] == pytest.approx(2.0 * ((0.3 - 0.1) / 0.5) ** 3 * (c1 @ c1))
+    resumed = build_optimiser(params, {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "controlled",
+                                       "epsilon": 0.1})
+    resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert resumed.state == {"f1_scale": 0.5}
+    theta = torch.cat([p.detach() for p in params]).numpy()
+    with pytest.raises(ValueError, match="forget objective is 0 at the first step"):
+        build_optimiser(params, {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "controlled",
+                                 "epsilon": 0.1}).step(_linear(params, c1, c2, f1_offset=-(c1 @ theta)))
+
+
+def test_lowest_phase_descends_f1_freely_where_f2_and_its_gradient_are_0():
+    # f2 = ||theta - theta_0||^2 is 0 with gradient 0 at the start (PIU's preservation loss at the original model):
+    # psi = alpha ||grad f2||^2 = 0, so eta_t = 0 and the direction is grad f1 (the claim it "cannot hold f2" was wrong)
+    theta_0, c_forget = torch.tensor([0.3, -0.2], dtype=torch.float64), np.array([1.0, -2.0])
+    params = _params([0.3, -0.2])
+    opt = build_optimiser(params, {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "lowest"})
+    row = opt.step(Objectives(params[0] @ torch.as_tensor(c_forget), ((params[0] - theta_0) ** 2).sum()))
+    assert row["eta_t"] == 0.0 and row["psi_t"] == 0.0
+    np.testing.assert_array_equal(_grad(params), c_forget)
+    # after the step f2 > 0: psi > 0 and eta_t > 0 hold it (the direction has a positive component along grad f2)
+    g_retain = 2 * (params[0].detach() - theta_0).numpy()
+    row = opt.step(Objectives(params[0] @ torch.as_tensor(c_forget), ((params[0] - theta_0) ** 2).sum()))
+    assert row["psi_t"] > 0 and row["eta_t"] > 0
+    # eq. 7's constraint grad f2 . g >= psi, active (missed by varpi's share only)
+    slack = (row["psi_t"] - c_forget @ g_retain) * VARPI / (g_retain @ g_retain)
+    assert _grad(params) @ g_retain == pytest.approx(row["psi_t"], abs=1.01 * slack)
 
 
 def test_epsilon_constrained_lowest_phase_exchanges_the_roles_of_f1_and_f2():
@@ -162,8 +200,7 @@ def test_phase_two_converges_to_the_kkt_solution_at_epsilon(fraction):
 
 def test_epsilon_at_spans_the_range_between_the_boundaries():
     assert [epsilon_at(f, 1.0, 9.0) for f in (0.25, 0.5, 0.75)] == [3.0, 5.0, 7.0]  # the paper's example
-    with pytest.raises(ValueError, match="swapped"):
-        epsilon_at(0.5, 9.0, 1.0)
+    assert epsilon_at(0.5, 9.0, 1.0) == 9.0  # an empty range (degenerate front): the highest boundary's f1
     with pytest.raises(ValueError, match="strictly between"):
         epsilon_at(1.0, 1.0, 9.0)
 
@@ -229,7 +266,9 @@ def test_eupmu_needs_the_same_batch_closure_and_eupmu_fast_does_not():
     second_retain = 0.5  # the next batch's retain loss is higher: the consecutive-batch proxy sees a rise
     theta = torch.cat([p.detach().reshape(-1) for p in params]).numpy()
     second = fast.step(_linear(params, c_u, c_r, f2_offset=second_retain - c_r @ theta))
-    expected = 0.0 - 0.5 * ((first["retain_loss"] - second_retain) / 0.1 + 0.2)  # 0.25 -> 0.5: 1.15
+    # the corrected sign l_r(theta_t; B_t) - l_r(theta_{t+1}; B_{t+1}) (0.25 -> 0.5: 1.15); the proxy as printed at
+    # the end of EUPMU Section 3.3, l_r(theta_{t+1}; B_{t+1}) - l_r(theta_t; B_t), would give max(0, -1.35) = 0
+    expected = 0.0 - 0.5 * ((first["retain_loss"] - second_retain) / 0.1 + 0.2)
     assert second["lambda_t"] == pytest.approx(expected) and 0 < expected < 3
     np.testing.assert_allclose(_grad(params), c_u + expected * c_r)
     assert "retain_loss_after" not in second

@@ -137,6 +137,18 @@ def test_eupmu_weight_update_eq8_by_hand():
     assert w.update(1.0, 3.0) == 3.0
 
 
+@pytest.mark.parametrize("task", ["random_subset", "classwise"])
+def test_rl_eupmu_starts_at_lambda_zero_as_algorithm_1(task):
+    from idunlearn.recognizer.methods.eupmu import rl_eupmu
+
+    # EUPMU Algorithm 1's input lambda_0 = 0 is the default; with beta 0 lambda never moves from where it starts
+    settings = {**validate_config({})["recognizer"]["methods"][task]["rl_eupmu"], "epochs": 1, "beta": 0.0}
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
+    _, info = rl_eupmu(RecognizerNet(3, 8, (4,), 8), Problem(task, x, y, x, y, 3), settings, seed=0)
+    assert info == {"eupmu_mean_weight": 0.0, "eupmu_final_weight": 0.0}
+
+
 def test_distill_kl_by_hand():
     s, t = torch.log(torch.tensor([[0.25, 0.75]])), torch.log(torch.tensor([[0.5, 0.5]]))
     assert distill_kl(s, t, 1.0).item() == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(2 / 3), abs=1e-6)

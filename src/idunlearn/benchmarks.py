@@ -24,7 +24,7 @@ import torch
 from diffusers.models.attention_processor import AttnProcessor
 from torch.utils.flop_counter import FlopCounterMode
 
-from .config import load_schema
+from .config import load_schema, resolve_run_settings
 from .models.arc2face import random_arc2face, tiny_arc2face
 from .models.generator import IdentityGenerator
 from .models.mini import load_mini_generator
@@ -132,8 +132,8 @@ def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_b
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
     device = torch.device(device)
-    cfg = {**default_run_settings(), **(settings or {}), "regime": regime, "forget_batch": forget_batch,
-           "retain_batch": retain_batch}
+    cfg = resolve_run_settings({**default_run_settings(), **(settings or {}), "regime": regime,
+                                "forget_batch": forget_batch, "retain_batch": retain_batch})
     generator.to(device)
     # embeddings no wider than the encoder (the mini encoder is 256 wide); the encoder zero-pads them to its width
     data = random_unlearning_data(dim=min(512, generator.encoder.width), n_forget=10, n_retain=200, seed=seed)
@@ -293,7 +293,10 @@ def benchmark_optimisers(generator: IdentityGenerator, steps: int, forget_batch:
                                                           device, dtype, warmup, settings, seed)
     initial = [p.detach().clone() for p in params]
     method = build_method(cfg["method"], cfg)
-    runs = {name: {"optimiser": build_optimiser(params, {**cfg, "optimiser": name}),
+    # each optimiser with its own run-dependent defaults (weight decay), unless ``settings`` fixes them
+    own = {name: resolve_run_settings({**default_run_settings(), **(settings or {}), "optimiser": name})
+           for name in optimisers}
+    runs = {name: {"optimiser": build_optimiser(params, own[name]),
                    "weights": [w.clone() for w in initial], "rng": np.random.default_rng(seed),
                    "gen": torch.Generator().manual_seed(seed), "rows": [], "seconds": [], "peak": [], "rise": []}
             for name in optimisers}

@@ -71,7 +71,7 @@ def controllable_runs(config: dict) -> dict[str, list[tuple[str, str, dict]]]:
     """Controllable unlearning (epsilon-constrained paper, Section 4.3) of each configured base run: (point,
     run name, run settings) in order of decreasing completeness: Phase I ``highest``, the Phase II fractions
     (epsilon at that fraction of the range from the highest to the lowest boundary), the ``lowest`` boundary (the
-    original model by default, see the schema's ``controllable.lowest``)."""
+    paper's Phase I run with exchanged roles, or the original model: the schema's ``controllable.lowest``)."""
     unlearning, out = config["unlearning"], {}
     for base, spec in unlearning.get("controllable", {}).items():
         if base not in unlearning["runs"]:
@@ -151,4 +151,19 @@ def run_config(config: dict, name: str) -> dict:
     if unknown:
         raise ConfigError(f"config key 'unlearning.runs.{name}': unknown setting(s) {sorted(unknown)}; "
                           f"known: {sorted(unlearning['defaults'])}")
-    return {**unlearning["defaults"], **unlearning["runs"][name]}
+    return resolve_run_settings({**unlearning["defaults"], **unlearning["runs"][name]})
+
+
+PIU_WEIGHT_DECAY = 0.01  # PIU's AdamW weight decay, the base step of every optimiser but epsilon_constrained
+
+
+def resolve_run_settings(settings: dict) -> dict:
+    """Fill in the run settings whose default depends on the run (schema default null): ``weight_decay`` 0 for
+    the epsilon-constrained optimiser (its paper, Appendix E.1: no weight decay) and PIU's 0.01 otherwise;
+    ``eupmu_alpha`` the run's ``lr`` (EUPMU Algorithm 1: alpha_t is the step size)."""
+    resolved = dict(settings)
+    if resolved.get("weight_decay") is None:
+        resolved["weight_decay"] = 0.0 if resolved["optimiser"] == "epsilon_constrained" else PIU_WEIGHT_DECAY
+    if resolved.get("eupmu_alpha") is None:
+        resolved["eupmu_alpha"] = resolved["lr"]
+    return resolved

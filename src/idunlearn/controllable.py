@@ -31,22 +31,31 @@ def phase_two_epsilon(fraction: float, highest: pd.DataFrame, lowest: pd.DataFra
     return epsilon_at(fraction, final_objective(highest, "forget_loss"), final_objective(lowest, "forget_loss"))
 
 
+def boundary_range(highest: pd.DataFrame, lowest: pd.DataFrame) -> float:
+    """f1(lowest) - f1(highest) at the end of the two Phase I runs: the range Phase II's epsilon spans."""
+    return final_objective(lowest, "forget_loss") - final_objective(highest, "forget_loss")
+
+
 def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame,
-                 losses: dict[tuple[str, int], pd.DataFrame]) -> pd.DataFrame:
+                 losses: dict[tuple[str, int], pd.DataFrame], tolerances: dict[str, float]) -> pd.DataFrame:
     """One row per (base run, forget identity, point): completeness rank (0 = highest), f1 and f2 at the end of
-    training, Phase II's bound epsilon on f1 (NaN at the boundaries), and the evaluation metrics. ``points``: base
-    run -> [(point, run name)] in completeness order, the highest boundary first and the lowest last; ``losses``:
-    (run, identity) -> loss log."""
+    training, Phase II's bound epsilon on f1 (NaN at the boundaries), the boundaries' f1 range and whether it is
+    degenerate (range <= the base run's tolerance: the boundaries coincide and every point is the same trade-off),
+    and the evaluation metrics. ``points``: base run -> [(point, run name)] in completeness order, the highest
+    boundary first and the lowest last; ``losses``: (run, identity) -> loss log; ``tolerances``: base run ->
+    ``unlearning.controllable.<run>.tolerance``."""
     rows = []
     for base, runs in points.items():
         highest, lowest = runs[0][1], runs[-1][1]
         for rank, (point, run) in enumerate(runs):
             for rec in metrics[metrics["run"] == run].itertuples():
                 log, identity = losses[(run, rec.forget_identity)], rec.forget_identity
-                bound = (float("nan") if run in (highest, lowest) else
-                         phase_two_epsilon(float(point), losses[(highest, identity)], losses[(lowest, identity)]))
+                boundaries = losses[(highest, identity)], losses[(lowest, identity)]
+                bound = float("nan") if run in (highest, lowest) else phase_two_epsilon(float(point), *boundaries)
+                f1_range = boundary_range(*boundaries)
                 rows.append({"base_run": base, "forget_identity": identity, "point": point, "run": run,
-                             "completeness_rank": rank, "epsilon": bound,
+                             "completeness_rank": rank, "epsilon": bound, "f1_range": f1_range,
+                             "degenerate": bool(f1_range <= tolerances[base]),
                              "f1_forget": final_objective(log, "forget_loss"),
                              "f2_retain": final_objective(log, "retain_loss"),
                              **{m: getattr(rec, m) for m in PARETO_METRICS}})
@@ -54,12 +63,14 @@ def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame
 
 
 def pareto_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (base run, point): mean and 95% half width over forget identities; and per base run the Spearman
-    correlation of forget ISM with the completeness rank (positive: forget ISM rises as completeness falls)."""
+    """Per (base run, point): mean and 95% half width over forget identities, and how many identities have a
+    degenerate front; and per base run the Spearman correlation of forget ISM with the completeness rank
+    (positive: forget ISM rises as completeness falls)."""
     records = []
     for (base, rank, point), group in table.groupby(["base_run", "completeness_rank", "point"], sort=True):
-        record = {"base_run": base, "point": point, "completeness_rank": rank, "n_identities": len(group)}
-        for col in ["epsilon", "f1_forget", "f2_retain", *PARETO_METRICS]:
+        record = {"base_run": base, "point": point, "completeness_rank": rank, "n_identities": len(group),
+                  "n_degenerate": int(group["degenerate"].sum())}
+        for col in ["epsilon", "f1_range", "f1_forget", "f2_retain", *PARETO_METRICS]:
             record[f"{col}_mean"], record[f"{col}_ci95"] = mean_ci(group[col])
         records.append(record)
     summary = pd.DataFrame(records)

@@ -12,8 +12,12 @@ with stage_log(snakemake.log[0], "pareto") as log:
     for path in i.losses:  # results/unlearning/<run>/<identity>/losses.parquet
         run_dir, identity = os.path.split(os.path.dirname(path))
         losses[(os.path.basename(run_dir), int(identity))] = pd.read_parquet(path)
-    table = pareto_table(snakemake.params.points, pd.read_parquet(i.metrics), losses)
+    table = pareto_table(snakemake.params.points, pd.read_parquet(i.metrics), losses, snakemake.params.tolerances)
     summary = pareto_summary(table)
+    degenerate = table.loc[table["degenerate"], ["base_run", "forget_identity"]].drop_duplicates()
+    if len(degenerate):  # a finding about the model (its objectives barely conflict), reported, not an error
+        log.warning("degenerate front (f1(lowest) <= f1(highest) + tolerance) for %s",
+                    degenerate.to_dict("records"))
     log.info("\n%s", summary.to_string())
     write_csv(table, out.table)
     write_parquet(table, out.parquet)

@@ -43,14 +43,12 @@ def epsilon_at(fraction: float, f1_highest: float, f1_lowest: float) -> float:
 
     ``f1_highest``: the forget objective f1 at the highest-completeness boundary (Phase I ``highest`` run), which
     estimates f1*; ``f1_lowest``: f1 at the lowest-completeness boundary (``lowest`` run). The paper's grid is
-    fractions 0.25, 0.5, 0.75 (range [1, 9] gives epsilon 3, 5, 7).
+    fractions 0.25, 0.5, 0.75 (range [1, 9] gives epsilon 3, 5, 7). An empty range (f1_lowest <= f1_highest: the
+    boundaries coincide up to noise, a degenerate front) gives f1_highest, the paper's lower end f1*.
     """
     if not 0 < fraction < 1:
         raise ValueError(f"epsilon fraction must lie strictly between 0 and 1 (got {fraction})")
-    if not f1_highest < f1_lowest:
-        raise ValueError(f"the highest-completeness boundary must have the smaller forget objective "
-                         f"(got f1_highest={f1_highest}, f1_lowest={f1_lowest}); are the Phase I runs swapped?")
-    return f1_highest + fraction * (f1_lowest - f1_highest)
+    return f1_highest + fraction * max(f1_lowest - f1_highest, 0.0)
 
 
 class Optimiser:
@@ -167,6 +165,9 @@ class EUPMU(Optimiser):
         retain = objectives.retain.item()
         previous = self.state["previous_retain"]
         # EUPMU-fast (EUPMU Section 3.3): the change is l_r(theta_t; B_t) - l_r(theta_{t+1}; B_{t+1}), known now.
+        # The end of Section 3.3 prints the proxy the other way round, l_r(theta_{t+1}; B_{t+1}) - l_r(theta_t; B_t);
+        # that is minus the Delta_r it approximates (and minus eq. 8's l_r(theta_t) - l_r(theta_{t+1})), so lambda
+        # would fall when the retain loss rises: we use the corrected sign.
         # At the first step (no previous batch) Algorithm 1's theta_0 = theta_1 gives delta~_0 = epsilon >= 0, so
         # lambda_1 = max(0, 0 - beta epsilon) = 0 = lambda_0: nothing to update.
         if not self.same_batch and previous is not None:
@@ -222,14 +223,19 @@ class EpsilonConstrained(Optimiser):
 
     f1 is the forget objective, f2 the retain objective. Each step solves the dual of eq. 7,
     eta_t = max((psi - grad f2 . grad f1) / (||grad f1||^2 + varpi), 0), and steps along grad f2 + eta_t grad f1.
-    Config ``epsilon_phase`` picks the control function psi (epsilon-constrained Section 4.3 and 5.4):
+    The base step is AdamW, as in the paper's setups (Appendix E.1; weight decay 0 by default, see
+    ``config.resolve_run_settings``). Config ``epsilon_phase`` picks the control function psi (Section 4.3, 5.4):
 
     - ``highest`` (Phase I, highest unlearning completeness, epsilon = f1*): psi = alpha ||grad f1||^delta1;
-    - ``lowest`` (Phase I, lowest completeness): the same with the roles of f1 and f2 exchanged;
-    - ``controlled`` (Phase II): psi = beta (f1 - epsilon)^delta2 ||grad f1||^2, delta2 odd;
-    - ``original``: no update, only f1 and f2 logged on the run's batches. The lowest-completeness boundary when f2
-      is already at its infimum at the original model (PIU's preservation loss is 0 there): the paper's
-      min f1 s.t. f2 <= f2* then admits no change a first-order step can find, since grad f2 = 0 at the start.
+    - ``lowest`` (Phase I, lowest completeness): the same with the roles of f1 and f2 exchanged. Where f2 and its
+      gradient are 0 (PIU's preservation loss at the original model), psi = 0 and eta_t = 0: the step descends f1
+      freely until f2 rises, and psi then holds f2 down;
+    - ``controlled`` (Phase II): psi = beta ((f1 - epsilon) / s)^delta2 ||grad f1||^2, delta2 odd, s = |f1| at the
+      run's first step (the original model): Section 5.4's scaled psi with f1 - epsilon in units of the loss, so
+      that beta means the same on any loss scale (unscaled, eta_t ~ beta (f1 - epsilon) is a small fraction of the
+      retain pull when f1 is small, and Phase II stops short of its bound);
+    - ``original``: no update, only f1 and f2 logged on the run's batches (an extension, not the paper's: the
+      original model in place of the lowest boundary, see ``unlearning.controllable.<run>.lowest``).
 
     Config: ``epsilon_alpha`` (alpha), ``epsilon_phase1_delta`` (delta1 >= 1), ``epsilon_beta`` (beta),
     ``epsilon_phase2_delta`` (delta2), ``epsilon`` (Phase II's absolute bound on f1; see ``epsilon_at``).
@@ -257,6 +263,7 @@ class EpsilonConstrained(Optimiser):
             raise ValueError("config key 'epsilon' must be set for epsilon_phase 'controlled' (Phase II): the "
                              "bound on the forget objective, e.g. epsilon_at(0.5, f1 of the 'highest' run, "
                              "f1 of the 'lowest' run)")
+        self.state = {"f1_scale": None}  # Phase II: |f1| at the first step
 
     def step(self, objectives: Objectives) -> dict:
         self._check(objectives, need_retain=True)
@@ -269,8 +276,13 @@ class EpsilonConstrained(Optimiser):
             g1, g2, f1, f2 = g_forget, g_retain, objectives.forget.item(), objectives.retain.item()
         squared = g1.dot(g1).item()
         if self.phase == "controlled":
-            # epsilon-constrained Section 5.4: psi = beta (f1 - epsilon)^delta ||grad f1||^2 (Phase II)
-            psi = self.beta * (f1 - self.epsilon) ** int(self.delta2) * squared
+            if self.state["f1_scale"] is None:
+                if f1 == 0:
+                    raise ValueError("epsilon_phase 'controlled': the forget objective is 0 at the first step, so "
+                                     "it gives Phase II no loss scale; is this run's method unlearning anything?")
+                self.state["f1_scale"] = abs(f1)
+            # epsilon-constrained Section 5.4: psi = beta ((f1 - epsilon) / s)^delta ||grad f1||^2 (Phase II)
+            psi = self.beta * ((f1 - self.epsilon) / self.state["f1_scale"]) ** int(self.delta2) * squared
         else:
             psi = self.alpha * math.sqrt(squared) ** self.delta1  # Section 4.3 Phase I: psi = alpha ||grad f1||^delta
         eta = max((psi - g2.dot(g1).item()) / (squared + VARPI), 0.0)  # epsilon-constrained Algorithm 1 line 9
