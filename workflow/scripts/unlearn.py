@@ -3,7 +3,7 @@ import os
 import pandas as pd
 import torch
 
-from idunlearn.controllable import boundary_range, phase_two_epsilon
+from idunlearn.controllable import phase_two_epsilon
 from idunlearn.experiment import differentiable_recognizer, load_generator, run_selection, unlearning_data
 from idunlearn.io import read_json, write_json, write_parquet
 from idunlearn.runlog import stage_log
@@ -15,10 +15,8 @@ with stage_log(snakemake.log[0], "unlearn") as log:
     i, p, out = snakemake.input, snakemake.params, snakemake.output
     run, centroids = p.run, pd.read_parquet(i.centroids)
     if run["epsilon_fraction"] is not None:  # Phase II: epsilon from this identity's Phase I boundary runs
-        boundaries = [pd.read_parquet(path) for path in i.boundaries]
-        run = {**run, "epsilon": phase_two_epsilon(run["epsilon_fraction"], *boundaries)}
-        log.info("Phase II epsilon %.6g at fraction %s of the boundaries' f1 range %.3g", run["epsilon"],
-                 run["epsilon_fraction"], boundary_range(*boundaries))
+        run = {**run, "epsilon": phase_two_epsilon(run["epsilon_fraction"], *map(pd.read_parquet, i.boundaries))}
+        log.info("Phase II epsilon %.6g at fraction %s", run["epsilon"], run["epsilon_fraction"])
     selection = run_selection(read_json(i.selection), run, centroids)
     generator = load_generator(p.generator, p.device)
     method = build_method(run["method"], run)
