@@ -52,4 +52,4 @@ fashion-mnist: setup
 
 recognizer: assets fashion-mnist
 	$(BIN)/snakemake recognizer --cores $(CORES) --configfile $(CONFIG)
-	@echo "Tables: results/recognizer/tables/random_subset.md, results/recognizer/tables/classwise.md"
+	@echo "Tables: results/recognizer/tables/random_subset.md, results/recognizer/tables/classwise.md, results/recognizer/tables/tuning/choice.md"

@@ -110,6 +110,113 @@ rule recognizer_experiment:
         "../workflow/scripts/recognizer_experiment.py"
 
 
+rule recognizer_tuned_experiment:
+    """The tuning protocol's chosen settings on an evaluation experiment (speedup against its paper-setting Retrain)."""
+    input:
+        data=recognizer_results("data", "{dataset}.npz"),
+        model=rules.recognizer_original.output.model,
+        shadows=rules.recognizer_shadows.output[0],
+        selection=recognizer_selection,
+        tuned=recognizer_results("tables", "tuning", "chosen.json"),
+        paper=rules.recognizer_experiment.output[0],
+    output:
+        recognizer_results("runs", "{task}", "{dataset}", "{experiment}", "tuned.parquet"),
+    params:
+        recognizer=lambda wc: experiment_config(config["recognizer"], wc.task, wc.dataset),
+        seed=config["seed"],
+    wildcard_constraints:
+        task="random_subset|classwise",
+        dataset="orl|fashion_mnist",
+        experiment=r"(id\d+-)?seed\d+",
+    threads: config["recognizer"]["threads"]
+    log:
+        logs("recognizer/{task}/{dataset}/{experiment}_tuned"),
+    benchmark:
+        results("benchmarks", "recognizer", "{task}", "{dataset}", "{experiment}_tuned.tsv")
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/recognizer_experiment.py"
+
+
+# Tuning protocol (recognizer.tuning): requests disjoint from the evaluation ones, every method's grid on them, one
+# declared rule picks a setting per method.
+rule recognizer_tuning_requests:
+    input:
+        data=recognizer_results("data", "{dataset}.npz"),
+        model=rules.recognizer_original.output.model,
+        shadows=rules.recognizer_shadows.output[0],
+        selection=recognizer_tuning_selection,
+    output:
+        recognizer_results("tuning", "{task}", "{dataset}", "requests.parquet"),
+    params:
+        recognizer=lambda wc: recognizer_tuning.job_config(config["recognizer"], wc.task, wc.dataset),
+        seed=config["seed"],
+    wildcard_constraints:
+        task="random_subset|classwise",
+        dataset="orl|fashion_mnist",
+    threads: config["recognizer"]["threads"]
+    log:
+        logs("recognizer/tuning/{task}/{dataset}/requests"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/recognizer_tuning_requests.py"
+
+
+rule recognizer_tune_method:
+    input:
+        data=recognizer_results("data", "{dataset}.npz"),
+        model=rules.recognizer_original.output.model,
+        shadows=rules.recognizer_shadows.output[0],
+        requests=rules.recognizer_tuning_requests.output[0],
+    output:
+        recognizer_results("tuning", "{task}", "{dataset}", "{method}.parquet"),
+    params:
+        recognizer=lambda wc: recognizer_tuning.job_config(config["recognizer"], wc.task, wc.dataset, wc.method),
+        seed=config["seed"],
+    wildcard_constraints:
+        task="random_subset|classwise",
+        dataset="orl|fashion_mnist",
+        method="(?!requests$)[a-z0-9_]+",
+    threads: config["recognizer"]["threads"]
+    log:
+        logs("recognizer/tuning/{task}/{dataset}/{method}"),
+    benchmark:
+        results("benchmarks", "recognizer", "tuning", "{task}", "{dataset}", "{method}.tsv")
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/recognizer_tune.py"
+
+
+rule recognizer_tuning_tables:
+    input:
+        grids=recognizer_tuning_outputs,
+        requests=recognizer_tuning_requests_outputs,
+    output:
+        requests=report(recognizer_results("tables", "tuning", "requests.csv"), category="Recognizer tuning"),
+        runs=recognizer_results("tables", "tuning", "runs.csv"),
+        grid=report(recognizer_results("tables", "tuning", "grid.csv"), category="Recognizer tuning"),
+        choice=recognizer_results("tables", "tuning", "choice.csv"),
+        choice_md=report(recognizer_results("tables", "tuning", "choice.md"), category="Recognizer tuning"),
+        chosen=recognizer_results("tables", "tuning", "chosen.json"),
+    params:
+        recognizer=lambda wc: {"tuning": config["recognizer"]["tuning"]},
+    log:
+        logs("recognizer/tuning/tables"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/recognizer_tuning_tables.py"
+
+
+rule recognizer_tune:
+    """Target: the recognizer tuning protocol's tables (grid, rule, choice) in tables/tuning/."""
+    input:
+        rules.recognizer_tuning_tables.output,
+
+
 rule recognizer_tables:
     input:
         metrics=recognizer_experiment_outputs,

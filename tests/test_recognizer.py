@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import math
 import tarfile
 
@@ -15,10 +16,18 @@ import torch
 
 from idunlearn.config import ConfigError, validate_config
 from idunlearn.recognizer.data import (
-    TEST, TRAIN, ImageData, ar_members, class_index, deb_files, fashion_mnist_subset, random_forget_set, read_idx,
+    TEST,
+    TRAIN,
+    ImageData,
+    ar_members,
+    class_index,
+    deb_files,
+    fashion_mnist_subset,
+    random_forget_set,
+    read_idx,
     split_per_class,
 )
-from idunlearn.recognizer.methods import gsuo
+from idunlearn.recognizer.methods import applies, gsuo
 from idunlearn.recognizer.methods.baselines import distill_kl, saliency_mask
 from idunlearn.recognizer.methods.common import Problem, random_other_labels
 from idunlearn.recognizer.methods.eupmu import ImplicitRetainWeight
@@ -207,15 +216,16 @@ def test_diff_facc_and_speedup_by_hand():
     assert add_speedup(rows)["speedup"].tolist()[1:] == [1.0, 10.0] and np.isnan(add_speedup(rows)["speedup"][0])
 
 
-def test_random_subset_table_reports_mean_and_t_interval():
-    rows = pd.DataFrame({"task": "random_subset", "dataset": "orl", "experiment": ["seed0", "seed1", "seed2"],
-                         "method": "gsuo", "acc_retain": 1.0, "acc_test": [0.9, 0.8, 1.0], "acc_forget": 0.9,
-                         "diff": 0.0, "f_acc": 0.9, "mia_auc": 0.5, "mia_auc_loss": 0.5, "time_s": 1.0,
-                         "speedup": 2.0})
+def test_random_subset_table_reports_mean_and_t_interval_per_setting():
+    rows = pd.DataFrame({"task": "random_subset", "dataset": "orl", "experiment": ["seed0", "seed1", "seed2"] * 2,
+                         "method": "gsuo", "setting": ["tuned"] * 3 + ["paper"] * 3, "acc_retain": 1.0,
+                         "acc_test": [0.5, 0.5, 0.5, 0.9, 0.8, 1.0], "acc_forget": 0.9, "diff": 0.0, "f_acc": 0.9,
+                         "mia_auc": 0.5, "mia_auc_loss": 0.5, "time_s": 1.0, "speedup": 2.0})
     table = random_subset_table(rows)
     # mean 0.9; half width t_{0.975, 2} * 0.1 / sqrt(3) = 4.3027 * 0.057735
     assert table.loc[table["metric"] == "Acc(D_t) %", "GSUO"].item() == "90.00 ± 24.84"
-    assert markdown(table).splitlines()[0].startswith("| dataset | metric | n | GSUO |")
+    assert table.loc[table["metric"] == "Acc(D_t) %", "GSUO (tuned)"].item() == "50.00 ± 0.00"
+    assert markdown(table).splitlines()[0].startswith("| dataset | metric | n | GSUO | GSUO (tuned) |")
 
 
 # ------------------------------------------------------------------------------------------------------------ data
@@ -325,7 +335,8 @@ def test_tiny_experiment_runs_every_method_and_is_deterministic(task, name):
     sub = experiment_config(rcfg, task, "orl")
     first = run_experiment(data, model, meta, shadows, exp, sub, 42)
     second = run_experiment(data, model, meta, shadows, exp, sub, 42)
-    assert first["method"].tolist() == rcfg["methods"]["run"]
+    assert first["method"].tolist() == [m for m in rcfg["methods"]["run"] if applies(m, task)]
+    assert (first["setting"] == "paper").all()
     cols = ["acc_retain", "acc_forget", "acc_test", "diff", "f_acc", "mia_auc", "mia_auc_loss", "info"]
     pd.testing.assert_frame_equal(first[cols], second[cols])
     original = first.set_index("method").loc["original"]
@@ -336,3 +347,49 @@ def test_tiny_experiment_runs_every_method_and_is_deterministic(task, name):
     else:
         assert original["n_forget"] == round(0.2 * 27)
         assert original["diff"] == pytest.approx(abs(original["acc_forget"] - original["acc_test"]))
+
+
+def test_tiny_tuning_protocol_end_to_end():
+    """Tuning requests disjoint from the evaluation, every setting on every request, the rule's choice, and the
+    chosen settings rerun on an evaluation experiment as 'tuned' rows."""
+    from idunlearn.recognizer import tuning
+    from idunlearn.recognizer.training import accuracy, train_from_scratch
+
+    data = _tiny_world()
+    overrides = {"orl": {"model": {"channels": [4], "feature_dim": 8},
+                         "training": {"epochs": 3, "batch_size": 8, "lr": 0.01}},
+                 "tasks": {"random_subset": {"forget_fraction": 0.2, "seeds": [0]}},
+                 "methods": {"run": ["original", "retrain", "ft", "unsir"]},
+                 "tuning": {"random_subset": {"seeds": [5, 6], "epoch_budget": 2},
+                            "classwise": {"n_identities": 1},
+                            "grids": {"random_subset": {"ft": {"epochs": [1, 2], "lr": [0.001, 0.01]}},
+                                      "classwise": {"ft": {"epochs": [1]}, "unsir": {"noise_steps": [2]}}}}}
+    rcfg = validate_config({"recognizer": overrides})["recognizer"]
+    x, y = data.tensors(data.train_idx)
+    model, _ = train_from_scratch(x, y, 3, 8, rcfg["orl"]["model"], rcfg["orl"]["training"], seed=0)
+    meta = {"acc_test": accuracy(model, *data.tensors(data.test_idx))}
+    all_x, all_y = data.tensors(np.arange(len(data.labels)))
+    shadows = {"membership": shadow_memberships(len(all_y), 2, 0),
+               "phi": np.stack([logit_confidence(model(all_x).detach(), all_y)] * 2), "ids": data.ids}
+    grids, requests = [], []
+    for task in ("random_subset", "classwise"):
+        reqs = tuning.requests(tuning.job_config(rcfg, task, "orl"), task, "orl", data, [6], 42)
+        table = tuning.request_table(data, model, meta, shadows, reqs, tuning.job_config(rcfg, task, "orl"), 42)
+        requests.append(table)
+        for method in tuning.tuned_methods(rcfg, task):
+            grids.append(tuning.tune_method(data, model, meta, shadows, table, method,
+                                            tuning.job_config(rcfg, task, "orl", method), 42))
+    requests = pd.concat(requests, ignore_index=True)
+    assert requests["experiment"].tolist()[:2] == ["seed5", "seed6"]
+    classwise_identity = requests.loc[requests["task"] == "classwise", "forget_identity"].item()
+    assert classwise_identity in (5, 7)  # never the evaluation's forget identity 6
+    assert requests.loc[requests["task"] == "classwise", "forget_shared_with_evaluation"].item() == 0
+    rows = pd.concat(grids, ignore_index=True)
+    assert len(rows[(rows["task"] == "random_subset")]) == 4 * 2  # 4 settings x 2 requests
+    grid, choice = tuning.choose_all(rows, requests, rcfg["tuning"]["rule"])
+    assert set(choice["method"]) == {"ft", "unsir"} and grid.groupby(["task", "method"])["chosen"].sum().eq(1).all()
+    chosen = tuning.chosen_settings(choice)
+    tuned = run_experiment(data, model, meta, shadows, Experiment.parse("random_subset", "orl", "seed0"),
+                           experiment_config(rcfg, "random_subset", "orl"), 42, tuned=chosen["random_subset"]["orl"])
+    assert tuned["method"].tolist() == ["ft"] and tuned["setting"].tolist() == ["tuned"]
+    assert json.loads(tuned["settings"].item()) == chosen["random_subset"]["orl"]["ft"]

@@ -13,9 +13,13 @@ from ..evaluation.aggregate import mean_ci, summarise
 ACCURACY_COLUMNS = ["acc_retain", "acc_retain_test", "acc_forget", "acc_forget_test", "acc_test"]
 VALUE_COLUMNS = [*ACCURACY_COLUMNS, "diff", "f_acc", "mia_auc", "mia_auc_loss"]
 COST_COLUMNS = ["time_s", "wall_s", "speedup"]
-METHOD_ORDER = ["original", "retrain", "ft", "ga", "rl", "salun", "scrub", "l1_sparse", "rl_eupmu", "gsuo"]
-METHOD_LABELS = {"original": "Original", "retrain": "Retrain", "ft": "FT", "ga": "GA", "rl": "RL", "salun": "SalUn",
-                 "scrub": "SCRUB", "l1_sparse": "l1-sparse", "rl_eupmu": "RL+EUPMU", "gsuo": "GSUO"}
+METHOD_ORDER = ["original", "retrain", "ft", "ga", "rl", "rl_with_retain", "iu", "eu_k", "cf_k", "l1_sparse", "salun",
+                "bad_t", "scrub", "b_shrink", "b_expand", "unsir", "rl_eupmu", "gsuo"]
+METHOD_LABELS = {"original": "Original", "retrain": "Retrain", "ft": "FT", "ga": "GA", "rl": "RL",
+                 "rl_with_retain": "RL+D_r", "iu": "IU", "eu_k": "EU-k", "cf_k": "CF-k", "l1_sparse": "l1-sparse",
+                 "salun": "SalUn", "bad_t": "Bad-T", "scrub": "SCRUB", "b_shrink": "B-Shrink", "b_expand": "B-Expand",
+                 "unsir": "UNSIR", "rl_eupmu": "RL+EUPMU", "gsuo": "GSUO"}
+SETTINGS = ("paper", "tuned")  # the configured setting and the tuning protocol's choice (recognizer.tuning)
 
 
 def abs_diff(acc_forget: float, acc_test: float) -> float:
@@ -49,9 +53,23 @@ def method_order(methods) -> list[str]:
     return known + sorted(set(methods) - set(known))
 
 
+def variants(group: pd.DataFrame) -> list[tuple[str, str, str, pd.DataFrame]]:
+    """(method, setting, label, rows) per method and setting present, in method order, paper setting first; tuned
+    rows are labelled 'X (tuned)'."""
+    out = []
+    for m in method_order(group["method"].unique()):
+        for setting in SETTINGS:
+            g = group[(group["method"] == m) & (group["setting"] == setting)]
+            if len(g):
+                label = METHOD_LABELS.get(m, m) + (" (tuned)" if setting == "tuned" else "")
+                out.append((m, setting, label, g))
+    return out
+
+
 def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Mean, 95% Student-t half width and count per (task, dataset, method), over experiments (seeds or identities)."""
-    return summarise(rows, ["task", "dataset", "method"], [*VALUE_COLUMNS, *COST_COLUMNS])
+    """Mean, 95% Student-t half width and count per (task, dataset, method, setting), over experiments (seeds or
+    identities)."""
+    return summarise(rows, ["task", "dataset", "method", "setting"], [*VALUE_COLUMNS, *COST_COLUMNS])
 
 
 def _cell(values, percent: bool, digits: int) -> str:
@@ -75,30 +93,29 @@ CLASSWISE_ROWS = [("Acc(D_r) %", "acc_retain", True, 2), ("Acc(D_rt) %", "acc_re
 
 
 def random_subset_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """GSUO Table 1 layout: one block per dataset, metrics as rows, methods as columns, 'mean ± 95% half width'
-    over the seeds."""
+    """GSUO Table 1 layout: one block per dataset, metrics as rows, methods (paper setting, then tuned) as columns,
+    'mean ± 95% half width' over the seeds."""
     rows = rows[rows["task"] == "random_subset"]
     blocks = []
     for dataset, group in rows.groupby("dataset", sort=True):
-        methods = method_order(group["method"].unique())
+        columns = variants(group)
         for label, col, pct, digits in RANDOM_SUBSET_ROWS:
             record = {"dataset": dataset, "metric": label, "n": group["experiment"].nunique()}
-            for m in methods:
-                values = group.loc[group["method"] == m, col]
+            for m, _, name, g in columns:
                 no_cost = m == "original" and col in COST_COLUMNS
-                record[METHOD_LABELS.get(m, m)] = "-" if no_cost else _cell(values, pct, digits)
+                record[name] = "-" if no_cost else _cell(g[col], pct, digits)
             blocks.append(record)
     return pd.DataFrame(blocks)
 
 
 def classwise_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """GSUO Table 2 layout: methods as rows, metrics as columns, 'mean ± 95% half width' over forget identities."""
+    """GSUO Table 2 layout: methods (paper setting, then tuned) as rows, metrics as columns, 'mean ± 95% half width'
+    over forget identities."""
     rows = rows[rows["task"] == "classwise"]
     records = []
     for dataset, group in rows.groupby("dataset", sort=True):
-        for m in method_order(group["method"].unique()):
-            g = group[group["method"] == m]
-            record = {"dataset": dataset, "method": METHOD_LABELS.get(m, m), "n": len(g)}
+        for m, _, name, g in variants(group):
+            record = {"dataset": dataset, "method": name, "n": len(g)}
             for label, col, pct, digits in CLASSWISE_ROWS:
                 record[label] = "-" if m == "original" and col in COST_COLUMNS else _cell(g[col], pct, digits)
             records.append(record)
@@ -128,12 +145,12 @@ def plot_speedup_vs_facc(rows: pd.DataFrame, path) -> None:
     fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5.5 * max(len(datasets), 1), 4.2), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         group = rows[rows["dataset"] == dataset]
-        for m in method_order(group["method"].unique()):
-            g = group[group["method"] == m]
+        for m, setting, name, g in variants(group):
             (fx, fh), (sx, sh) = mean_ci(g["f_acc"] * 100), mean_ci(g["speedup"])
-            ax.errorbar(sx, fx, xerr=None if np.isnan(sh) else sh, yerr=None if np.isnan(fh) else fh, fmt="o",
-                        capsize=3, label=METHOD_LABELS.get(m, m), markersize=8 if m == "gsuo" else 5)
-            ax.annotate(METHOD_LABELS.get(m, m), (sx, fx), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.errorbar(sx, fx, xerr=None if np.isnan(sh) else sh, yerr=None if np.isnan(fh) else fh,
+                        fmt="o" if setting == "paper" else "s", capsize=3, label=name,
+                        markersize=8 if m == "gsuo" else 5)
+            ax.annotate(name, (sx, fx), textcoords="offset points", xytext=(4, 4), fontsize=8)
         ax.set_xscale("log")
         ax.set_xlabel("speedup w.r.t. Retrain")
         ax.set_ylabel("F_acc = Acc(D_t) - |Diff| (%)")

@@ -20,8 +20,8 @@ import torch
 
 from ..config import ConfigError
 from .data import ImageData, class_index, random_forget_set
+from .methods import METHODS, Problem, applies, run_method
 from .metrics import abs_diff, acc_index, add_speedup
-from .methods import METHODS, Problem, run_method
 from .mia import attack_auc, lira_scores, logit_confidence
 from .models import derive_seed
 from .training import logits
@@ -99,12 +99,8 @@ def index_sets(data: ImageData, exp: Experiment, rcfg: dict, config_seed: int) -
             "retain_test": test[data.labels[test] != c], "forget_test": test[data.labels[test] == c]}
 
 
-def run_experiment(data: ImageData, original, original_meta: dict, shadows: dict, exp: Experiment, rcfg: dict,
-                   config_seed: int) -> pd.DataFrame:
-    """Every method of ``recognizer.methods.run`` on one forget set; one row per method. ``time_s`` is the CPU time
-    of the process during the unlearning itself (evaluation excluded; with one thread per job this is the compute,
-    unaffected by other jobs sharing the machine), ``wall_s`` its wall-clock time; the speedup is against this
-    experiment's Retrain, in CPU time."""
+def build_problem(data: ImageData, original_meta: dict, exp: Experiment, rcfg: dict, config_seed: int):
+    """The unlearning request of ``exp``: (Problem, index sets, all images, all labels, the experiment's seed)."""
     sets = index_sets(data, exp, rcfg, config_seed)
     x_all, y_all = data.tensors(np.arange(len(data.labels)))
     forget_classes = [class_index(data, exp.forget_identity)] if exp.task == "classwise" else []
@@ -114,26 +110,51 @@ def run_experiment(data: ImageData, original, original_meta: dict, shadows: dict
                       original_test_accuracy=float(original_meta["acc_test"]),
                       retrain={"image_size": data.images.shape[-1], "model": ds_cfg["model"],
                                "training": ds_cfg["training"]})
-    if not np.array_equal(shadows["ids"], data.ids):
-        raise ValueError("the shadow models were trained on a different image table; rerun recognizer_shadows")
     identity_tag = 0 if exp.forget_identity is None else exp.forget_identity + 1
     seed = derive_seed(config_seed, _TASK_TAG[exp.task], exp.seed, identity_tag)
+    return problem, sets, x_all, y_all, seed
+
+
+def method_row(method: str, settings: dict, original, problem: Problem, sets: dict, x_all, y_all, shadows: dict,
+               exp: Experiment, seed: int) -> dict:
+    """Run one method with ``settings`` on the request and evaluate it. ``time_s`` is the CPU time of the process
+    during the unlearning itself (evaluation excluded; with one thread per job this is the compute, unaffected by
+    other jobs sharing the machine), ``wall_s`` its wall-clock time."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    model, info = run_method(method, original, problem, settings, seed)
+    cpu_seconds, seconds = time.process_time() - cpu_start, time.perf_counter() - start
+    row = {"task": exp.task, "dataset": exp.dataset, "experiment": exp.name, "seed": exp.seed,
+           "forget_identity": exp.forget_identity if exp.forget_identity is not None else -1,
+           "method": method, "n_retain": len(sets["retain"]), "n_forget": len(sets["forget"]),
+           "n_test": len(sets["test"]), **evaluate(model, x_all, y_all, sets, shadows, exp.task),
+           "time_s": cpu_seconds, "wall_s": seconds, "settings": json.dumps(settings, sort_keys=True),
+           "info": json.dumps(info, sort_keys=True)}
+    log.info("%s %s %s %s: %s", exp.task, exp.dataset, exp.name, method,
+             ", ".join(f"{k} {row[k]:.4f}" for k in ("acc_retain", "acc_forget", "acc_test", "mia_auc", "time_s")))
+    return row
+
+
+def check_shadows(shadows: dict, data: ImageData) -> None:
+    if not np.array_equal(shadows["ids"], data.ids):
+        raise ValueError("the shadow models were trained on a different image table; rerun recognizer_shadows")
+
+
+def run_experiment(data: ImageData, original, original_meta: dict, shadows: dict, exp: Experiment, rcfg: dict,
+                   config_seed: int, tuned: dict | None = None) -> pd.DataFrame:
+    """Every method of ``recognizer.methods.run`` defined for the task on one forget set; one row per method, with
+    ``setting`` 'paper' (the configured settings) and the speedup against this experiment's Retrain, in CPU time.
+    ``tuned`` (method -> settings) runs those methods with the tuning protocol's settings instead, ``setting`` 'tuned',
+    without Retrain and without speedup (the caller takes Retrain's time from the paper-setting run)."""
+    problem, sets, x_all, y_all, seed = build_problem(data, original_meta, exp, rcfg, config_seed)
+    check_shadows(shadows, data)
+    methods = [m for m in rcfg["methods"]["run"] if applies(m, exp.task) and (tuned is None or m in tuned)]
     rows = []
-    for method in rcfg["methods"]["run"]:
-        settings = method_settings(rcfg, exp.task, exp.dataset, method)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        model, info = run_method(method, original, problem, settings, seed)
-        cpu_seconds, seconds = time.process_time() - cpu_start, time.perf_counter() - start
-        row = {"task": exp.task, "dataset": exp.dataset, "experiment": exp.name, "seed": exp.seed,
-               "forget_identity": exp.forget_identity if exp.forget_identity is not None else -1,
-               "method": method, "n_retain": len(sets["retain"]), "n_forget": len(sets["forget"]),
-               "n_test": len(sets["test"]), **evaluate(model, x_all, y_all, sets, shadows, exp.task),
-               "time_s": cpu_seconds, "wall_s": seconds, "settings": json.dumps(settings, sort_keys=True),
-               "info": json.dumps(info, sort_keys=True)}
-        log.info("%s %s %s: %s", exp.task, exp.dataset, exp.name,
-                 ", ".join(f"{k} {row[k]:.4f}" for k in ("acc_retain", "acc_forget", "acc_test", "mia_auc", "time_s")))
-        rows.append(row)
-    return add_speedup(pd.DataFrame(rows))
+    for method in methods:
+        settings = method_settings(rcfg, exp.task, exp.dataset, method) if tuned is None else tuned[method]
+        rows.append({**method_row(method, settings, original, problem, sets, x_all, y_all, shadows, exp, seed),
+                     "setting": "paper" if tuned is None else "tuned"})
+    frame = pd.DataFrame(rows)
+    return add_speedup(frame) if tuned is None else frame
 
 
 def evaluate(model, x_all: torch.Tensor, y_all: torch.Tensor, sets: dict, shadows: dict, task: str) -> dict:

@@ -11,9 +11,10 @@ import torch
 
 from ..config import ConfigError
 from ..io import atomic_path, read_json, write_csv, write_json, write_parquet
+from . import tuning
 from .data import ImageData, fashion_mnist_subset, load_fashion_mnist, orl_faces
 from .metrics import (COST_COLUMNS, VALUE_COLUMNS, classwise_table, markdown, plot_speedup_vs_facc,
-                      random_subset_table, summary_table)
+                      random_subset_table, speedup, summary_table)
 from .mia import train_shadows
 from .models import derive_seed, load_model, save_model
 from .runs import Experiment, run_experiment
@@ -71,25 +72,76 @@ def shadows(data: ImageData, settings: dict, mia_cfg: dict, seed: int, path: str
                                 ids=result["ids"].astype(str))
 
 
-def experiment(data_path: str, model_path: str, shadows_path: str, task: str, dataset: str, name: str, rcfg: dict,
-               seed: int, selection_path: str | None = None) -> pd.DataFrame:
-    """``rcfg``: the recognizer config, or the part of it this experiment reads (``runs.experiment_config``);
-    ``selection_path``: the forget identity's selection file of a class-wise experiment (checked against the name)."""
-    exp = Experiment.parse(task, dataset, name)
-    if selection_path is not None and read_json(selection_path)["forget_identity"] != exp.forget_identity:
-        raise ValueError(f"{selection_path} is not the selection of forget identity {exp.forget_identity}")
+def _load(data_path: str, model_path: str, shadows_path: str):
     data = ImageData.load(data_path)
     original, meta = load_model(model_path)
     with np.load(shadows_path, allow_pickle=False) as z:
         shadow = {k: z[k] for k in z.files}
-    return run_experiment(data, original, meta, shadow, exp, rcfg, seed)
+    return data, original, meta, shadow
+
+
+def experiment(data_path: str, model_path: str, shadows_path: str, task: str, dataset: str, name: str, rcfg: dict,
+               seed: int, selection_path: str | None = None, tuned_path: str | None = None,
+               paper_metrics_path: str | None = None) -> pd.DataFrame:
+    """``rcfg``: the recognizer config, or the part of it this experiment reads (``runs.experiment_config``);
+    ``selection_path``: the forget identity's selection file of a class-wise experiment (checked against the name).
+    With ``tuned_path`` (the tuning protocol's chosen settings) the tuned methods run instead, and their speedup is
+    taken against Retrain's CPU time in ``paper_metrics_path`` (the same experiment's paper-setting rows)."""
+    exp = Experiment.parse(task, dataset, name)
+    if selection_path is not None and read_json(selection_path)["forget_identity"] != exp.forget_identity:
+        raise ValueError(f"{selection_path} is not the selection of forget identity {exp.forget_identity}")
+    data, original, meta, shadow = _load(data_path, model_path, shadows_path)
+    if tuned_path is None:
+        return run_experiment(data, original, meta, shadow, exp, rcfg, seed)
+    chosen = read_json(tuned_path).get(task, {}).get(dataset, {})
+    rows = run_experiment(data, original, meta, shadow, exp, rcfg, seed, tuned=chosen)
+    paper = pd.read_parquet(paper_metrics_path)
+    retrain_seconds = paper.loc[paper["method"] == "retrain", "time_s"]
+    reference = float(retrain_seconds.iloc[0]) if len(retrain_seconds) else float("nan")
+    rows["speedup"] = [speedup(reference, t) for t in rows["time_s"]]
+    return rows
+
+
+def tuning_requests(data_path: str, model_path: str, shadows_path: str, task: str, dataset: str, rcfg: dict,
+                    seed: int, selection_table: str | None = None) -> pd.DataFrame:
+    """The tuning requests of one task and dataset with the original model's metrics on them (class-wise: the
+    identities are drawn among those that are not forget identities of ``selection_table``)."""
+    data, original, meta, shadow = _load(data_path, model_path, shadows_path)
+    forget = pd.read_parquet(selection_table)["forget_identity"].tolist() if selection_table else []
+    reqs = tuning.requests(rcfg, task, dataset, data, forget, seed)
+    log.info("tuning requests %s %s: %s", task, dataset, ", ".join(e.name for e in reqs))
+    return tuning.request_table(data, original, meta, shadow, reqs, rcfg, seed)
+
+
+def tune(data_path: str, model_path: str, shadows_path: str, requests_path: str, method: str, rcfg: dict,
+         seed: int) -> pd.DataFrame:
+    """One method's whole grid on the tuning requests of ``requests_path``."""
+    data, original, meta, shadow = _load(data_path, model_path, shadows_path)
+    return tuning.tune_method(data, original, meta, shadow, pd.read_parquet(requests_path), method, rcfg, seed)
+
+
+def tuning_tables(grid_paths: list[str], request_paths: list[str], rcfg: dict, out: dict) -> dict[str, pd.DataFrame]:
+    """The protocol's tables: the requests, every setting's mean metrics with the rule's columns, and the choice per
+    method with its reason; ``chosen.json`` feeds the tuned evaluation runs."""
+    rows = pd.concat([pd.read_parquet(p) for p in grid_paths], ignore_index=True)
+    reqs = pd.concat([pd.read_parquet(p) for p in request_paths], ignore_index=True)
+    grid, choice = tuning.choose_all(rows, reqs, rcfg["tuning"]["rule"])
+    write_csv(reqs, out["requests"])
+    write_csv(rows.drop(columns=["info"]), out["runs"])
+    write_csv(grid, out["grid"])
+    write_csv(choice, out["choice"])
+    write_json(tuning.chosen_settings(choice), out["chosen"])
+    with atomic_path(out["choice_md"]) as tmp:
+        tmp.write_text(tuning.choice_markdown(grid, choice, reqs, rcfg))
+    return {"grid": grid, "choice": choice, "requests": reqs}
 
 
 def tables(metric_paths: list[str], original_paths: list[str], out: dict) -> dict[str, pd.DataFrame]:
     """Tidy metrics (deterministic), costs (times and speedups), summaries and the paper-style tables and plot."""
     rows = pd.concat([pd.read_parquet(p) for p in metric_paths], ignore_index=True)
-    rows = rows.sort_values(["task", "dataset", "experiment", "method"], kind="stable").reset_index(drop=True)
-    keys = ["task", "dataset", "experiment", "seed", "forget_identity", "method"]
+    rows = rows.sort_values(["task", "dataset", "experiment", "method", "setting"], kind="stable")
+    rows = rows.reset_index(drop=True)
+    keys = ["task", "dataset", "experiment", "seed", "forget_identity", "method", "setting"]
     metrics = rows[[*keys, "n_retain", "n_forget", "n_test", *VALUE_COLUMNS, "settings", "info"]]
     costs = rows[[*keys, *COST_COLUMNS]]
     originals = pd.DataFrame([read_json(p) for p in original_paths])
@@ -106,10 +158,12 @@ def tables(metric_paths: list[str], original_paths: list[str], out: dict) -> dic
         write_csv(frame, out[csv_key])
         with atomic_path(out[md_key]) as tmp:
             tmp.write_text(f"# {title}\n\nmean ± 95% Student-t half width over experiments (n); times are CPU "
-                           "seconds of the unlearning (one thread), speedup = Retrain's CPU time / the method's.\n\n"
-                           + markdown(frame))
+                           "seconds of the unlearning (one thread), speedup = Retrain's CPU time / the method's. "
+                           "'X' = the configured (paper) setting, 'X (tuned)' = the tuning protocol's choice "
+                           "(tuning/choice.md).\n\n" + markdown(frame))
     plot_speedup_vs_facc(rows, out["plot"])
     return {"metrics": metrics, "summary": summary, "random_subset": rs, "classwise": cw}
 
 
-__all__ = ["set_threads", "orl_data", "fashion_mnist_data", "train_original", "shadows", "experiment", "tables"]
+__all__ = ["set_threads", "orl_data", "fashion_mnist_data", "train_original", "shadows", "experiment",
+           "tuning_requests", "tune", "tuning_tables", "tables"]

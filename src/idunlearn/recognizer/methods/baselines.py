@@ -1,10 +1,13 @@
 """The usual unlearning baselines for classifiers (as listed in GSUO Section 5.1 and Appendix C).
 
-FT: fine-tune on D_r. GA: gradient ascent on D_f. RL: fine-tune on D_r together with D_f relabelled at random
-(Graves et al. 2021). SalUn (Fan et al. 2024): RL restricted to the parameters whose forget-loss gradient magnitude
-is in the top ``mask_ratio`` share. SCRUB (Kurmanji et al. 2023): max-steps away from the teacher on D_f, min-steps
-towards it (plus cross-entropy) on D_r. l1-sparse (Jia et al. 2023): fine-tune on D_r with an l1 penalty whose
-weight decays linearly to zero. All use Adam; an epoch is one pass over the set named in each function.
+FT: fine-tune on D_r. GA: gradient ascent on D_f. RL (Graves et al. 2021; GSUO Appendix C): fine-tune on D_f
+relabelled at random, D_f only. RL with retain (SalUn's RL, Fan et al. 2024): D_r together with D_f relabelled at
+random. SalUn: RL with retain restricted to the parameters whose forget-loss gradient magnitude is in the top
+``mask_ratio`` share. SCRUB (Kurmanji et al. 2023): max-steps away from the teacher on D_f, min-steps towards it
+(plus cross-entropy) on D_r. l1-sparse (Jia et al. 2023): fine-tune on D_r with an l1 penalty whose weight decays
+linearly to zero. EU-k / CF-k (Goel et al. 2022; GSUO Appendix C): the first ``frozen_layers`` weight layers of the
+original kept, the rest retrained from a fresh initialisation (EU-k) or fine-tuned (CF-k) on D_r. All use Adam; an
+epoch is one pass over the set named in each function.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..models import build_model, derive_seed
 from .common import Problem, adam, ce, epoch_batches, fresh_copy, frozen_copy, random_other_labels, step
 
-_FT, _GA, _RL, _SALUN, _SCRUB, _L1 = 41, 42, 43, 44, 45, 46
+# _RL_RETAIN keeps the stream of the former `rl` (now `rl_with_retain`), so that its results do not change
+_FT, _GA, _RL_RETAIN, _SALUN, _SCRUB, _L1, _RL, _EU_K, _CF_K, _EU_K_INIT = 41, 42, 43, 44, 45, 46, 47, 48, 49, 50
 
 
 def _cross_entropy_passes(original, x, y, sign: float, settings: dict, rng: np.random.Generator, desc: str):
@@ -62,10 +67,20 @@ def _train_masked(model, x, y, settings: dict, rng: np.random.Generator, mask: d
 
 
 def random_labels(original, problem: Problem, settings: dict, seed: int):
-    """RL: cross-entropy on D_r and on D_f relabelled at random, ``epochs`` passes over D_r + D_f."""
+    """RL as GSUO Appendix C defines it (Graves et al. 2021): cross-entropy on D_f relabelled at random (each label
+    drawn once among the other classes), ``epochs`` passes over D_f; D_r is not used."""
     model, rng = fresh_copy(original), np.random.default_rng([seed, _RL])
+    y_random = random_other_labels(problem.y_forget, problem.n_classes, rng)
+    _train_masked(model, problem.x_forget, y_random, settings, rng, None, "rl")
+    return model.eval(), {}
+
+
+def random_labels_with_retain(original, problem: Problem, settings: dict, seed: int):
+    """RL with retain (SalUn's RL variant): cross-entropy on D_r and on D_f relabelled at random, ``epochs`` passes
+    over D_r + D_f."""
+    model, rng = fresh_copy(original), np.random.default_rng([seed, _RL_RETAIN])
     x, y = _relabelled_union(problem, rng)
-    _train_masked(model, x, y, settings, rng, None, "rl")
+    _train_masked(model, x, y, settings, rng, None, "rl_with_retain")
     return model.eval(), {}
 
 
@@ -140,3 +155,44 @@ def l1_sparse(original, problem: Problem, settings: dict, seed: int):
             t += 1
     return model.eval(), {}
 
+
+
+def weight_layers(model) -> list[nn.Module]:
+    """The layers with weights, input to output (the conv layers, the feature layer, the head)."""
+    return [m for m in [*model.backbone, model.head] if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+def _layer_retraining(original, problem: Problem, settings: dict, seed: int, reinitialise: bool, tag: int, desc: str):
+    """GSUO Appendix C (Goel et al. 2022): freeze the first ``frozen_layers`` weight layers; the remaining ones are
+    reinitialised (EU-k) or kept (CF-k), then trained with cross-entropy for ``epochs`` passes over D_r."""
+    model = fresh_copy(original)
+    layers = weight_layers(model)
+    k = settings["frozen_layers"]
+    if not 0 <= k < len(layers):
+        raise ValueError(f"frozen_layers {k} must lie in [0, {len(layers) - 1}] (the model has {len(layers)} weight "
+                         "layers; config key 'recognizer.methods.<task>.eu_k|cf_k.frozen_layers')")
+    if reinitialise:
+        cfg = original.config
+        fresh = build_model(cfg["n_classes"], cfg["image_size"], cfg, derive_seed(seed, _EU_K_INIT))
+        for layer, new in zip(layers[k:], weight_layers(fresh)[k:]):
+            layer.load_state_dict(new.state_dict())
+    for layer in layers[:k]:
+        for p in layer.parameters():
+            p.requires_grad_(False)
+    rng = np.random.default_rng([seed, tag])
+    opt = adam([p for p in model.parameters() if p.requires_grad], settings["lr"])
+    model.train()
+    for _ in tqdm(range(settings["epochs"]), desc=desc, mininterval=5, leave=False):
+        for idx in epoch_batches(len(problem.y_retain), settings["batch_size"], rng):
+            step(opt, ce(model, problem.x_retain[idx], problem.y_retain[idx]))
+    return model.eval(), {}
+
+
+def exact_unlearning_k(original, problem: Problem, settings: dict, seed: int):
+    """EU-k: the layers after the first ``frozen_layers`` trained from scratch on D_r."""
+    return _layer_retraining(original, problem, settings, seed, True, _EU_K, "eu_k")
+
+
+def catastrophic_forgetting_k(original, problem: Problem, settings: dict, seed: int):
+    """CF-k: the layers after the first ``frozen_layers`` fine-tuned on D_r."""
+    return _layer_retraining(original, problem, settings, seed, False, _CF_K, "cf_k")
