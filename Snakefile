@@ -24,6 +24,7 @@ include: "rules/evaluation.smk"
 include: "rules/aggregate.smk"
 include: "rules/study.smk"
 include: "rules/audit.smk"
+include: "rules/tuning.smk"
 # Recognizer track (GSUO on classifiers); its target `recognizer` is not part of the default target.
 include: "rules/recognizer.smk"
 

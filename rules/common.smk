@@ -5,6 +5,8 @@ import os
 import pandas as pd
 
 from idunlearn.config import controllable_runs, epsilon_boundary_runs, run_config, validate_config
+from idunlearn.io import read_json
+from idunlearn.tuning import tuned_base, tuned_settings, tuning_settings
 
 # Validates the config against the package's JSON schema and fills in defaults; errors name the bad key.
 validate_config(config)
@@ -128,3 +130,39 @@ def run_identity_pairs():
     identities = forget_identities()
     return [(run, identity) for run in run_names()
             for identity in identities[:run_config(config, run)["n_identities"] or len(identities)]]
+
+
+def tuning_identities():
+    """Tuning forget identity ids chosen by the tune_select checkpoint."""
+    return [int(i) for i in pd.read_parquet(checkpoints.tune_select.get().output.table)["forget_identity"]]
+
+
+def tuning_selection_file(wildcards):
+    folder = checkpoints.tune_select.get().output.identities
+    return os.path.join(folder, f"{wildcards.identity}.json")
+
+
+def tuning_choice_input(wildcards):
+    """A <run>.tuned run's settings come from the tune_choose checkpoint (``resolved_run_config``)."""
+    return [rules.tune_choose.output.choice] if tuned_base(wildcards.run) else []
+
+
+def resolved_run_config(run):
+    """run_config; a <run>.tuned run gets the tuning's chosen settings (needs ``tuning_choice_input`` as input)."""
+    settings, base = run_config(config, run), tuned_base(run)
+    if base is None:
+        return settings
+    return tuned_settings(settings, read_json(checkpoints.tune_choose.get().output.choice), base)
+
+
+def tuned_runs_choice(wildcards):
+    """The tuning choice, for a rule whose params read every run's resolved settings."""
+    return [rules.tune_choose.output.choice] if any(tuned_base(run) for run in run_names()) else []
+
+
+def tune_tables(wildcards):
+    """The tuning tables; an empty tuning.methods is a clear error."""
+    if not config["tuning"]["methods"]:
+        raise ValueError("config key 'tuning.methods' is empty: nothing to tune; declare grids there, or run "
+                         "`snakemake tune --configfile config/study.yaml`")
+    return rules.tune_choose.output

@@ -11,12 +11,13 @@ rule unlearn:
         generator=generator_files(),
         models=face_models_dir(),
         boundaries=epsilon_boundary_losses,
+        tuning_choice=tuning_choice_input,
     output:
         changed=results("unlearning", "{run}", "{identity}", "changed_parameters.safetensors"),
         losses=results("unlearning", "{run}", "{identity}", "losses.parquet"),
         timings=results("unlearning", "{run}", "{identity}", "timings.json"),
     params:
-        run=lambda wc: run_config(config, wc.run),
+        run=lambda wc: resolved_run_config(wc.run),
         generator=config["generator"],
         faces=config["faces"],
         device=config["unlearning"]["device"],

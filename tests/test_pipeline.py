@@ -5,6 +5,7 @@ the same seed gives identical metrics tables."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -273,3 +274,34 @@ def test_one_more_forget_identity_runs_only_its_jobs(two_runs):
                    "all": [""]}, ran
     after = pd.read_csv(workdir / "results" / "tables" / "metrics.csv").set_index("forget_identity")
     pd.testing.assert_series_equal(after.loc[old], before.set_index("forget_identity").loc[old], check_exact=True)
+
+
+def test_tuning_protocol_chooses_by_its_rule_and_the_tuned_run_uses_the_choice(two_runs):
+    workdir = two_runs[1][0]
+    study_identity, piu = _identity(workdir), QUICK["unlearning"]["runs"]["piu"]
+    tuning = {"n_identities": 1, "retain_val_identities": 2, "budget": {"steps": 4, "forget_batch": 2, "retain_batch": 2},
+              "methods": {"piu": {"grid": {"lr": [1.0e-4, 1.0e-2]}}}}
+    cfg = _config(workdir, "tuning", {**QUICK, "unlearning": {"runs": {"piu": piu}}, "tuning": tuning})
+    ran = _jobs(snakemake(workdir, "tune", configfile=cfg))
+    tables = workdir / "results" / "tables" / "tuning"
+    (tuning_identity,) = pd.read_csv(tables / "identities.csv")["forget_identity"]
+    assert tuning_identity != study_identity
+    settings = ["piu.tune.lr_0.0001", "piu.tune.lr_0.01"]
+    assert ran["tune_unlearn"] == [f"{s}/{tuning_identity}" for s in settings], ran
+    assert "unlearn" not in ran and "evaluate_unlearned" not in ran  # the study's jobs are not touched
+    grid = pd.read_csv(tables / "grid.csv")
+    assert grid["setting"].tolist() == settings and grid["chosen"].sum() == 1
+    choice = json.loads((tables / "choice.json").read_text())["methods"]["piu"]
+    eligible = grid[grid["retain_ratio"] >= 0.95]
+    expected = (eligible.sort_values("ism_forget")["setting"].iloc[0] if len(eligible)
+                else grid.sort_values("retain_ratio", ascending=False)["setting"].iloc[0])
+    assert choice["setting"] == expected and expected in (tables / "tuning.md").read_text()
+    # the study beside it: piu.tuned runs at the chosen setting (budget steps, chosen lr), piu is not rerun
+    cfg = _config(workdir, "tuned", {**QUICK, "unlearning": {"runs": {"piu": piu}}, "tuning": {**tuning, "study": True}})
+    ran = _jobs(snakemake(workdir, configfile=cfg))
+    assert ran["unlearn"] == [f"piu.tuned/{study_identity}"], ran
+    timings = json.loads((workdir / "results" / "unlearning" / "piu.tuned" / str(study_identity) /
+                          "timings.json").read_text())
+    assert (timings["run"]["lr"], timings["run"]["steps"]) == (choice["run"]["lr"], 4)
+    metrics = pd.read_csv(workdir / "results" / "tables" / "metrics.csv").set_index("run")
+    assert metrics.loc["piu.tuned", "hp_lr"] == choice["run"]["lr"]

@@ -19,6 +19,10 @@ class ConfigError(ValueError):
     """The configuration does not match the schema; the message names the key."""
 
 
+# a run named <run>.tuned is <run> at the setting the tuning protocol chose (idunlearn.tuning)
+TUNED_SUFFIX = ".tuned"
+
+
 def load_schema() -> dict:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
@@ -61,7 +65,13 @@ def validate_config(config: dict) -> dict:
     for points in controllable_runs(config).values():
         for _, name, overrides in points:
             runs.setdefault(name, overrides)
+    if config["tuning"]["study"]:  # the settings come from the tuning's choice (tuning.tuned_settings)
+        for base in config["tuning"]["methods"]:
+            if base not in runs:
+                raise ConfigError(f"config key 'tuning.methods.{base}': {base!r} is not in unlearning.runs")
+            runs.setdefault(f"{base}{TUNED_SUFFIX}", dict(runs[base]))
     return _validate(config)
+
 
 
 EPSILON_BOUNDARIES = ("highest", "lowest")

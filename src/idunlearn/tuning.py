@@ -1,0 +1,209 @@
+"""Tuning protocol of the generator track: every method gets the same chance before it is compared.
+
+Declared before any run (config ``tuning``): the tuning identities (an own seeded draw of forget identities disjoint
+from the study's forget identities, with their own retain-validation identities, so that nothing the study evaluates
+is seen while tuning), per method a grid of at most ``max_settings`` settings over its knobs, one budget of unlearning
+steps x batch for every training method, and one selection rule. The chosen setting of each method then runs in the
+study as ``<run>.tuned`` beside the paper-setting run ``<run>``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+
+from .config import TUNED_SUFFIX, ConfigError, run_config
+from .evaluation.statistics import pooled_srk, sample_counts
+from .identities import centroid_matrix
+from .selection import Selection, experiment_selection, forget_identity_order, retain_identity_split
+from .unlearning import METHODS
+from .unlearning.base import ClosedFormMethod
+
+# stream tags of the tuning draws (independent of the selection stage's streams by their own seed and tags)
+_TUNING_FORGET, _TUNING_RETAIN_VAL = 11, 12
+
+
+def tuned_run_name(base: str) -> str:
+    return f"{base}{TUNED_SUFFIX}"
+
+
+def tuned_base(run: str) -> str | None:
+    """The paper-setting run a ``<run>.tuned`` run was tuned from; None for any other run."""
+    return run[: -len(TUNED_SUFFIX)] if run.endswith(TUNED_SUFFIX) else None
+
+
+def grid_points(grid: dict, key: str, max_settings: int) -> list[dict]:
+    """The Cartesian product of ``grid`` (knob -> values) in declared order, knobs varying fastest last."""
+    knobs = list(grid)
+    points = [dict(zip(knobs, values)) for values in itertools.product(*(grid[k] for k in knobs))]
+    if len(points) > max_settings:
+        raise ConfigError(f"config key '{key}': {len(points)} settings, more than tuning.max_settings = "
+                          f"{max_settings}; drop values or knobs")
+    return points
+
+
+def is_training(method: str) -> bool:
+    """Whether a method trains (and so gets the tuning budget of steps x batch); UCE is a closed-form edit."""
+    return not issubclass(METHODS[method], ClosedFormMethod)
+
+
+def _setting_name(base: str, point: dict) -> str:
+    return ".".join([base, "tune", *(f"{k}_{v}" for k, v in point.items())])
+
+
+def tuning_settings(config: dict) -> dict[str, dict]:
+    """Every tuning setting by name ``<run>.tune.<knob>_<value>...``: ``base`` (the paper-setting run), ``point``
+    (the grid values) and ``run`` (its full settings: the base run's, the budget for training methods, the point).
+    Errors name the config key."""
+    tuning, out = config["tuning"], {}
+    budget = tuning["budget"]
+    known = set(config["unlearning"]["defaults"])
+    for base, spec in tuning["methods"].items():
+        key = f"tuning.methods.{base}"
+        if base not in config["unlearning"]["runs"]:
+            raise ConfigError(f"config key '{key}': {base!r} is not in unlearning.runs; tune a declared run")
+        unknown = sorted(set(spec["grid"]) - known)
+        if unknown:
+            raise ConfigError(f"config key '{key}.grid': unknown setting(s) {unknown}; known: {sorted(known)}")
+        settings = {**run_config(config, base), "n_identities": None}
+        training = is_training(settings["method"])
+        if training:
+            settings.update(budget)
+        for point in grid_points(spec["grid"], f"{key}.grid", tuning["max_settings"]):
+            run = {**settings, **point}
+            if training and run["steps"] * run["forget_batch"] > budget["steps"] * budget["forget_batch"]:
+                raise ConfigError(f"config key '{key}.grid': setting {point} takes {run['steps']} steps x "
+                                  f"{run['forget_batch']} forget samples, over the budget tuning.budget "
+                                  f"({budget['steps']} x {budget['forget_batch']}) every training method shares")
+            out[_setting_name(base, point)] = {"base": base, "point": point, "run": run}
+    return out
+
+
+def tuning_selections(labels: pd.DataFrame, centroids: pd.DataFrame, study_forget, selection_cfg: dict,
+                      tuning_cfg: dict, seed: int) -> list[Selection]:
+    """The tuning experiments: ``tuning_cfg['n_identities']`` forget identities drawn (seed ``tuning_cfg['seed']``)
+    among the eligible forget candidates that are not study forget identities, and ``retain_val_identities``
+    retain-validation identities drawn among the remaining retain-train identities, so that neither is evaluated
+    by the study. Retain-train of each = the study's retain-train identities minus itself and the tuning
+    retain-validation identities; splits and anchors as in the selection stage (eq. 6)."""
+    sizes = centroids.set_index("identity")["size"]
+    retain_train_all, _ = retain_identity_split(centroids["identity"].to_numpy(), selection_cfg["retain_train_fraction"],
+                                                seed)
+    study = {int(i) for i in study_forget}
+    eligible = [i for i in forget_identity_order(sizes, retain_train_all, selection_cfg["min_forget_images"], seed)
+                if i not in study]
+    n, n_val, tuning_seed = tuning_cfg["n_identities"], tuning_cfg["retain_val_identities"], tuning_cfg["seed"]
+    if n > len(eligible):
+        raise ConfigError(f"config key 'tuning.n_identities': {n} tuning identities wanted but only {len(eligible)} "
+                          "eligible forget identities are outside the study's; lower it or selection.n_forget")
+    forget = np.sort(np.random.default_rng([tuning_seed, _TUNING_FORGET]).choice(np.sort(eligible), n, replace=False))
+    rest = np.array(sorted(set(retain_train_all.tolist()) - study - set(forget.tolist())))
+    if n_val > len(rest) - 1:
+        raise ConfigError(f"config key 'tuning.retain_val_identities': {n_val} wanted but only {len(rest)} "
+                          "identities are neither study nor tuning forget identities")
+    retain_val = np.sort(np.random.default_rng([tuning_seed, _TUNING_RETAIN_VAL]).choice(rest, n_val, replace=False))
+    retain_train = retain_train_all[~np.isin(retain_train_all, retain_val)]
+    cent = dict(zip(centroids["identity"].astype(int), centroid_matrix(centroids)))
+    images = labels.sort_values("image_id").groupby("identity")["image_id"].apply(list)
+    return [experiment_selection(int(f), images[f], retain_train[retain_train != f], retain_val, cent, selection_cfg,
+                                 tuning_seed) for f in forget]
+
+
+def pooled_scores(samples: pd.DataFrame) -> dict:
+    """Pooled over every sample of every tuning identity: forget and retain ISM (PIU eq. 7: mean cosine to the
+    target identity's centroid, undetected samples count 0) and SRK (eqs. 8-10 on pooled counts)."""
+    out = {f"ism_{kind}": float(samples.loc[samples["kind"] == kind, "own_cosine"].mean())
+           for kind in ("forget", "retain")}
+    counts = sample_counts(samples)
+    out["srk"] = float(pooled_srk({k: np.asarray(v) for k, v in counts.items()}))
+    return out
+
+
+def score_settings(before: pd.DataFrame, after: dict[str, pd.DataFrame], settings: dict[str, dict]) -> pd.DataFrame:
+    """One row per tuning setting: its pooled scores after unlearning, the original model's on the same tuning
+    identities and conditions, and the ratios after / before. ``before`` and ``after[name]``: the per-sample
+    tables of every tuning identity, concatenated."""
+    reference = pooled_scores(before)
+    rows = []
+    for name, setting in settings.items():
+        scores = pooled_scores(after[name])
+        rows.append({"method": setting["base"], "setting": name, "point": json.dumps(setting["point"], sort_keys=True),
+                     "steps": setting["run"]["steps"] if is_training(setting["run"]["method"]) else 0,
+                     "n_identities": int(after[name]["forget_identity"].nunique()),
+                     **scores, **{f"{k}_before": v for k, v in reference.items()},
+                     "forget_ratio": scores["ism_forget"] / reference["ism_forget"],
+                     "retain_ratio": scores["ism_retain"] / reference["ism_retain"]})
+    return pd.DataFrame(rows)
+
+
+def choose(scores: pd.DataFrame, rule: dict, success: dict) -> tuple[pd.DataFrame, dict]:
+    """Apply the declared selection rule per method: among the settings whose pooled retain ISM stays at least
+    ``rule['retain_ratio_min']`` x before, the lowest pooled forget ISM (ties: fewer steps, then grid order); when
+    none qualifies, the setting with the highest retain ratio, and the reason says so. Returns the grid table with
+    ``eligible``, ``forgets`` (forget ISM <= ``success['forget_ratio_max']`` x before with retain ISM >=
+    ``success['retain_ratio_min']`` x before) and ``chosen`` columns, and method -> choice record."""
+    table = scores.copy()
+    table["order"] = range(len(table))
+    table["eligible"] = table["retain_ratio"] >= rule["retain_ratio_min"]
+    table["forgets"] = ((table["forget_ratio"] <= success["forget_ratio_max"])
+                        & (table["retain_ratio"] >= success["retain_ratio_min"]))
+    table["chosen"] = False
+    choices = {}
+    for method, group in table.groupby("method", sort=False):
+        eligible = group[group["eligible"]]
+        if len(eligible):
+            pick = eligible.sort_values(["ism_forget", "steps", "order"]).index[0]
+            reason = (f"lowest pooled forget ISM ({table.at[pick, 'ism_forget']:.4f}) among the {len(eligible)} of "
+                      f"{len(group)} settings whose retain ISM stays >= {rule['retain_ratio_min']} x before")
+        else:
+            pick = group.sort_values(["retain_ratio", "order"], ascending=[False, True]).index[0]
+            reason = (f"no setting keeps retain ISM >= {rule['retain_ratio_min']} x before; the least damaging "
+                      f"(retain ratio {table.at[pick, 'retain_ratio']:.3f}) is used")
+        table.at[pick, "chosen"] = True
+        choices[method] = {"setting": table.at[pick, "setting"], "point": json.loads(table.at[pick, "point"]),
+                           "reason": reason, "qualified": bool(len(eligible)),
+                           "any_forgets": bool(group["forgets"].any())}
+    return table.drop(columns="order"), choices
+
+
+def choice_record(choices: dict, settings: dict[str, dict], rule: dict, identities) -> dict:
+    """The choice file the study's ``<run>.tuned`` runs read: per method the chosen setting's full settings."""
+    return {"rule": rule, "identities": [int(i) for i in identities],
+            "methods": {m: {**c, "run": settings[c["setting"]]["run"]} for m, c in choices.items()}}
+
+
+def tuned_settings(run: dict, choice: dict, base: str) -> dict:
+    """A ``<base>.tuned`` run's settings: the tuning's chosen settings, keeping the run's own ``n_identities``."""
+    if base not in choice["methods"]:
+        raise ConfigError(f"run {tuned_run_name(base)!r}: the tuning choice has no method {base!r}; add it to "
+                          "tuning.methods")
+    return {**choice["methods"][base]["run"], "n_identities": run["n_identities"]}
+
+
+def _cell(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def tuning_markdown(table: pd.DataFrame, choices: dict, rule: dict, success: dict, identities) -> str:
+    """The tuning report: the declared rule, the tuning identities, and per method every setting with the choice."""
+    lines = ["# Tuning (generator track)", "",
+             f"Tuning forget identities (disjoint from the study's): {', '.join(str(int(i)) for i in identities)}. "
+             f"Rule, declared before any run: the lowest pooled forget ISM among settings whose pooled retain ISM "
+             f"stays >= {rule['retain_ratio_min']} x before (ties: fewer steps, then grid order). 'forgets': forget "
+             f"ISM <= {success['forget_ratio_max']} x before with retain ISM >= {success['retain_ratio_min']} x "
+             "before.", ""]
+    for method, group in table.groupby("method", sort=False):
+        choice = choices[method]
+        lines += [f"## {method}", "", f"Chosen: `{choice['setting']}`: {choice['reason']}.", "",
+                  "| setting | steps | forget ISM | x before | retain ISM | x before | SRK | eligible | forgets | chosen |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for row in group.itertuples():
+            lines.append(f"| {row.point} | {row.steps} | {_cell(row.ism_forget)} | {_cell(row.forget_ratio)} | "
+                         f"{_cell(row.ism_retain)} | {_cell(row.retain_ratio)} | {_cell(row.srk)} | "
+                         f"{'yes' if row.eligible else 'no'} | {'yes' if row.forgets else 'no'} | "
+                         f"{'**yes**' if row.chosen else ''} |")
+        lines.append("")
+    return "\n".join(lines)
