@@ -11,7 +11,6 @@ rule aggregate:
         # paired with the metrics by folder in the script
         after_samples=lambda wc: run_outputs("samples"),
         timings=lambda wc: run_outputs("timings"),
-        tuning_choice=tuned_runs_choice,
     output:
         metrics=results("tables", "metrics.parquet"),
         metrics_csv=report(results("tables", "metrics.csv"), category="Tables"),
@@ -23,7 +22,7 @@ rule aggregate:
         summary_rst=results("tables", "summary.rst"),
         costs=report(results("tables", "costs.csv"), category="Tables"),
     params:
-        runs=lambda wc: {name: resolved_run_config(name) for name in run_names()},
+        runs={name: run_config(config, name) for name in run_names()},
         seed=config["seed"],
     log:
         logs("aggregate"),

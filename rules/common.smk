@@ -5,8 +5,7 @@ import os
 import pandas as pd
 
 from idunlearn.config import controllable_runs, epsilon_boundary_runs, run_config, validate_config
-from idunlearn.io import read_json
-from idunlearn.tuning import tuned_base, tuned_settings, tuning_settings
+from idunlearn.tuning import tuned_base, tuning_settings
 
 # Validates the config against the package's JSON schema and fills in defaults; errors name the bad key.
 validate_config(config)
@@ -143,21 +142,8 @@ def tuning_selection_file(wildcards):
 
 
 def tuning_choice_input(wildcards):
-    """A <run>.tuned run's settings come from the tune_choose checkpoint (``resolved_run_config``)."""
+    """A <run>.tuned run reads its settings from the tuning's choice (the unlearn script applies them)."""
     return [rules.tune_choose.output.choice] if tuned_base(wildcards.run) else []
-
-
-def resolved_run_config(run):
-    """run_config; a <run>.tuned run gets the tuning's chosen settings (needs ``tuning_choice_input`` as input)."""
-    settings, base = run_config(config, run), tuned_base(run)
-    if base is None:
-        return settings
-    return tuned_settings(settings, read_json(checkpoints.tune_choose.get().output.choice), base)
-
-
-def tuned_runs_choice(wildcards):
-    """The tuning choice, for a rule whose params read every run's resolved settings."""
-    return [rules.tune_choose.output.choice] if any(tuned_base(run) for run in run_names()) else []
 
 
 def tune_tables(wildcards):

@@ -94,13 +94,12 @@ use rule tune_evaluate_original as tune_evaluate_unlearned with:
         logs("tune/evaluate/after/{run}/{identity}"),
 
 
-checkpoint tune_choose:
+rule tune_choose:
     input:
         before=lambda wc: expand(rules.tune_evaluate_original.output.samples, identity=tuning_identities()),
         after=lambda wc: expand(rules.tune_evaluate_unlearned.output.samples, run=list(tuning_settings(config)),
                                 identity=tuning_identities()),
     output:
-        # first: a rule whose params read the choice names it as input (Snakemake checks the checkpoint's first output)
         choice=results("tables", "tuning", "choice.json"),
         grid=report(results("tables", "tuning", "grid.csv"), category="Tuning"),
         report=report(results("tables", "tuning", "tuning.md"), category="Tuning"),

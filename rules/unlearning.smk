@@ -17,7 +17,7 @@ rule unlearn:
         losses=results("unlearning", "{run}", "{identity}", "losses.parquet"),
         timings=results("unlearning", "{run}", "{identity}", "timings.json"),
     params:
-        run=lambda wc: resolved_run_config(wc.run),
+        run=lambda wc: run_config(config, wc.run),
         generator=config["generator"],
         faces=config["faces"],
         device=config["unlearning"]["device"],

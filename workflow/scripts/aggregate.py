@@ -29,7 +29,8 @@ with stage_log(snakemake.log[0], "aggregate") as log:
         after, timings = read_json(after_path), read_json(timings_path)
         run, identity = timings["run_name"], after["forget_identity"]
         experiment = {**selections.loc[identity].to_dict(), **timings["anchor"]}  # the run's own anchor
-        rows.append({**metrics_row(run, runs[run], experiment, before[identity], after, METRIC_KEYS),
+        # the settings the job ran with (a <run>.tuned run's chosen setting, a Phase II run's epsilon)
+        rows.append({**metrics_row(run, timings["run"], experiment, before[identity], after, METRIC_KEYS),
                      "kd_features": after["kd_features"], "quality_measure": after["quality_measure"]})
         costs.append({"run": run, "forget_identity": identity,
                       **{k: timings[k] for k in ("steps", "trainable_parameters", "seconds_per_step")}})
