@@ -106,8 +106,8 @@ def aggregated(tmp_path):
         inputs[key].append(str(folder / "metrics.json"))
         inputs[f"{key}_samples"].append(str(folder / "samples.parquet"))
         if run != "before":
-            write_json({"run_name": run, "anchor": {"anchor_identity": 7}, "steps": 2, "trainable_parameters": 3,
-                        "seconds_per_step": 0.5}, folder / "timings.json")
+            write_json({"run_name": run, "run": {"steps": 2 if run == "a" else 3}, "anchor": {"anchor_identity": 7},
+                        "steps": 2, "trainable_parameters": 3, "seconds_per_step": 0.5}, folder / "timings.json")
             inputs["timings"].append(str(folder / "timings.json"))
     inputs["after_samples"].reverse()  # paired with the metrics by folder, not by position
     selections = tmp_path / "selections.parquet"
