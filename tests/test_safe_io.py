@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from idunlearn.config import validate_config
+from idunlearn.config import run_config, validate_config
 from idunlearn.io import atomic_path, write_json
 
 SOURCES = sorted([*(REPO / "src" / "idunlearn").rglob("*.py"), *(REPO / "workflow" / "scripts").rglob("*.py")])
@@ -86,7 +86,7 @@ def test_a_resume_state_holding_code_is_refused_not_run(tmp_path):
 
     tiny = {"image_size": 8, "text_width": 32, "text_heads": 2, "block_out_channels": [32, 32, 32, 32],
             "layers_per_block": 1}
-    run = {**validate_config({})["unlearning"]["defaults"], "steps": 2, "checkpoint_every": 1}
+    run = {**run_config(validate_config({}), "piu"), "steps": 2, "checkpoint_every": 1}
     state = _poisoned(tmp_path / "state.pt", tmp_path / "ran", trainable={}, step=1)
     rng = np.random.default_rng(0)
     data = UnlearningData(*(rng.standard_normal(s).astype(np.float32) for s in ((3, 16), (6, 16), (16,))))

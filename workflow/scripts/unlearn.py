@@ -18,7 +18,7 @@ with stage_log(snakemake.log[0], "unlearn") as log:
     if run["epsilon_fraction"] is not None:  # Phase II: epsilon from this identity's Phase I boundary runs
         run = {**run, "epsilon": phase_two_epsilon(run["epsilon_fraction"], *map(pd.read_parquet, i.boundaries))}
         log.info("Phase II epsilon %.6g at fraction %s", run["epsilon"], run["epsilon_fraction"])
-    if i.tuning_choice:  # <run>.tuned: the setting the tuning protocol chose
+    if "tuning_choice" in i.keys() and i.tuning_choice:  # <run>.tuned: the setting the tuning protocol chose
         run = tuned_settings(run, read_json(i.tuning_choice[0]), tuned_base(snakemake.wildcards.run))
         log.info("tuned settings: %s", run)
     selection = run_selection(read_json(i.selection), run, centroids)
