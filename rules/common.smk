@@ -4,8 +4,8 @@ import os
 
 import pandas as pd
 
-from idunlearn.config import controllable_runs, epsilon_boundary_runs, run_config, validate_config
-from idunlearn.tuning import tuned_base, tuning_settings
+from idunlearn.config import controllable_runs, epsilon_boundary_runs, run_config, tuned_base, validate_config
+from idunlearn.tuning import tuning_settings
 
 # Validates the config against the package's JSON schema and fills in defaults; errors name the bad key.
 validate_config(config)

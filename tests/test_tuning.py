@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from idunlearn.config import ConfigError, run_config, validate_config
+from idunlearn.config import ConfigError, run_config, tuned_base, validate_config
 from idunlearn.selection import retain_identity_split, select_experiments
-from idunlearn.tuning import (choice_record, choose, grid_points, pooled_scores, score_settings, tuned_base,
+from idunlearn.tuning import (choice_record, choose, grid_points, pooled_scores, score_settings,
                               tuned_settings, tuning_markdown, tuning_selections, tuning_settings)
 from test_selection import _world
 
@@ -154,7 +154,7 @@ def test_tuned_runs_exist_beside_the_paper_runs_and_take_the_chosen_settings():
     choices = {"piu": {"setting": "piu.tune.lr_0.0003", "point": {"lr": 3e-4}, "reason": "r", "qualified": True,
                        "any_forgets": True}}
     record = json.loads(json.dumps(choice_record(choices, settings, RULE, [4])))
-    tuned = tuned_settings(run_config(config, "piu.tuned"), record, "piu")
+    tuned = tuned_settings(run_config(config, "piu.tuned"), record, "piu.tuned")
     assert tuned["lr"] == 3e-4 and tuned["steps"] == 100 and tuned["n_identities"] == 2
     with pytest.raises(ConfigError, match="no method 'siss'"):
-        tuned_settings(run_config(config, "piu.tuned"), record, "siss")
+        tuned_settings(run_config(config, "piu.tuned"), record, "siss.tuned")

@@ -23,6 +23,15 @@ class ConfigError(ValueError):
 TUNED_SUFFIX = ".tuned"
 
 
+def tuned_run_name(base: str) -> str:
+    return f"{base}{TUNED_SUFFIX}"
+
+
+def tuned_base(run: str) -> str | None:
+    """The paper-setting run a ``<run>.tuned`` run was tuned from; None for any other run."""
+    return run[: -len(TUNED_SUFFIX)] if run.endswith(TUNED_SUFFIX) else None
+
+
 def load_schema() -> dict:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
@@ -65,13 +74,13 @@ def validate_config(config: dict) -> dict:
     for points in controllable_runs(config).values():
         for _, name, overrides in points:
             runs.setdefault(name, overrides)
-    if config["tuning"]["study"]:  # the settings come from the tuning's choice (tuning.tuned_settings)
-        for base in config["tuning"]["methods"]:
-            if base not in runs:
-                raise ConfigError(f"config key 'tuning.methods.{base}': {base!r} is not in unlearning.runs")
-            runs.setdefault(f"{base}{TUNED_SUFFIX}", dict(runs[base]))
+    for base in config["tuning"]["methods"]:
+        if base not in runs:
+            raise ConfigError(f"config key 'tuning.methods.{base}': {base!r} is not in unlearning.runs; tune a "
+                              "declared run")
+        if config["tuning"]["study"]:  # the settings come from the tuning's choice (tuning.tuned_settings)
+            runs.setdefault(tuned_run_name(base), dict(runs[base]))
     return _validate(config)
-
 
 
 EPSILON_BOUNDARIES = ("highest", "lowest")

@@ -129,32 +129,35 @@ def select_experiments(labels: pd.DataFrame, centroids: pd.DataFrame, cfg: dict,
     if cfg["n_forget"] > len(order):
         raise ValueError(f"selection.n_forget = {cfg['n_forget']} but only {len(order)} identities have at least "
                          f"{cfg['min_forget_images']} images; lower n_forget or min_forget_images")
+    return experiment_selections(labels, centroids, order[: cfg["n_forget"]], retain_train_all, retain_val, cfg, seed)
+
+
+def experiment_selections(labels: pd.DataFrame, centroids: pd.DataFrame, forget_identities, retain_pool, retain_val,
+                          cfg: dict, seed: int) -> list[Selection]:
+    """One experiment per forget identity: its seeded forget-train/validation split, its anchor (eq. 6) among the
+    ``retain_pool`` identities other than itself (its retain-train identities), and the ``retain_val`` identities.
+    ``cfg``: the ``selection`` config."""
     cent = dict(zip(centroids["identity"].astype(int), centroid_matrix(centroids)))
     images_by_identity = labels.sort_values("image_id").groupby("identity")["image_id"].apply(list)
-    return [experiment_selection(forget, images_by_identity[forget], retain_train_all[retain_train_all != forget],
-                                 retain_val, cent, cfg, seed)
-            for forget in order[: cfg["n_forget"]]]
-
-
-def experiment_selection(forget: int, images, retain_train, retain_val, centroids: dict, cfg: dict,
-                         seed: int) -> Selection:
-    """One forget identity's experiment: its seeded forget-train/validation split of ``images``, its anchor among
-    ``retain_train`` (eq. 6) and the retain identities (``centroids``: identity -> centroid; ``cfg``: the
-    ``selection`` config)."""
-    images = np.array(images)
-    perm = np.random.default_rng([seed, _FORGET_SPLIT, forget]).permutation(len(images))
-    n_train = split_count(len(images), cfg["forget_train_fraction"])
+    retain_pool = np.asarray(retain_pool)
     tau, tol = cfg["anchor"]["tau"], cfg["anchor"]["tol"]
-    anchor, cosine, fallback, band = experiment_anchor(centroids, forget, retain_train, tau, tol, seed)
-    return Selection(
-        forget_identity=int(forget),
-        forget_train_images=sorted(images[perm[:n_train]].tolist()),
-        forget_val_images=sorted(images[perm[n_train:]].tolist()),
-        anchor_identity=anchor, anchor_cosine=cosine, anchor_fallback=fallback, anchor_band_size=band,
-        tau=tau, tol=tol, seed=seed,
-        retain_train_identities=[int(j) for j in retain_train],
-        retain_val_identities=[int(j) for j in retain_val],
-    )
+    selections = []
+    for forget in forget_identities:
+        images = np.array(images_by_identity[forget])
+        perm = np.random.default_rng([seed, _FORGET_SPLIT, forget]).permutation(len(images))
+        n_train = split_count(len(images), cfg["forget_train_fraction"])
+        retain_train = retain_pool[retain_pool != forget]
+        anchor, cosine, fallback, band = experiment_anchor(cent, forget, retain_train, tau, tol, seed)
+        selections.append(Selection(
+            forget_identity=int(forget),
+            forget_train_images=sorted(images[perm[:n_train]].tolist()),
+            forget_val_images=sorted(images[perm[n_train:]].tolist()),
+            anchor_identity=anchor, anchor_cosine=cosine, anchor_fallback=fallback, anchor_band_size=band,
+            tau=tau, tol=tol, seed=seed,
+            retain_train_identities=[int(j) for j in retain_train],
+            retain_val_identities=[int(j) for j in retain_val],
+        ))
+    return selections
 
 
 def selections_table(selections: list[Selection]) -> pd.DataFrame:

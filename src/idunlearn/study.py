@@ -15,7 +15,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from .config import TUNED_SUFFIX, ConfigError, sweep_runs
+from .config import ConfigError, sweep_runs, tuned_run_name
 from .evaluation.aggregate import identity_counts
 from .evaluation.statistics import (bootstrap_mean, bootstrap_pooled, holm, mean_difference,
                                     paired_differences, pooled_difference, pooled_srk, verdict)
@@ -176,7 +176,7 @@ def _table1_claims(c: Claims, t: pd.DataFrame) -> list[dict]:
         return []
     piu = c.run("table1", "PIU")
     # PIU at its tuned setting is PIU, not another method
-    others = methods[~methods["run"].isin([piu, f"{piu}{TUNED_SUFFIX}"])]
+    others = methods[~methods["run"].isin([piu, tuned_run_name(piu)])]
     best_srk, lowest_forget = _ranked(others, "srk", largest=True)[0], _ranked(others, "ism_forget", False)[0]
     kept = 0.9 * _identity_values(c.metrics[c.metrics["run"] == c.run("table1", "PIU")], BEFORE, "ism_retain")
     return [

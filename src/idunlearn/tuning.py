@@ -15,24 +15,14 @@ import json
 import numpy as np
 import pandas as pd
 
-from .config import TUNED_SUFFIX, ConfigError, run_config
+from .config import ConfigError, run_config, tuned_base
 from .evaluation.statistics import pooled_srk, sample_counts
-from .identities import centroid_matrix
-from .selection import Selection, experiment_selection, forget_identity_order, retain_identity_split
+from .selection import Selection, experiment_selections, forget_identity_order, retain_identity_split
 from .unlearning import METHODS
 from .unlearning.base import ClosedFormMethod
 
 # stream tags of the tuning draws (independent of the selection stage's streams by their own seed and tags)
 _TUNING_FORGET, _TUNING_RETAIN_VAL = 11, 12
-
-
-def tuned_run_name(base: str) -> str:
-    return f"{base}{TUNED_SUFFIX}"
-
-
-def tuned_base(run: str) -> str | None:
-    """The paper-setting run a ``<run>.tuned`` run was tuned from; None for any other run."""
-    return run[: -len(TUNED_SUFFIX)] if run.endswith(TUNED_SUFFIX) else None
 
 
 def grid_points(grid: dict, key: str, max_settings: int) -> list[dict]:
@@ -62,9 +52,7 @@ def tuning_settings(config: dict) -> dict[str, dict]:
     budget = tuning["budget"]
     known = set(config["unlearning"]["defaults"])
     for base, spec in tuning["methods"].items():
-        key = f"tuning.methods.{base}"
-        if base not in config["unlearning"]["runs"]:
-            raise ConfigError(f"config key '{key}': {base!r} is not in unlearning.runs; tune a declared run")
+        key = f"tuning.methods.{base}"  # a declared run: checked by config.validate_config
         unknown = sorted(set(spec["grid"]) - known)
         if unknown:
             raise ConfigError(f"config key '{key}.grid': unknown setting(s) {unknown}; known: {sorted(known)}")
@@ -105,11 +93,9 @@ def tuning_selections(labels: pd.DataFrame, centroids: pd.DataFrame, study_forge
         raise ConfigError(f"config key 'tuning.retain_val_identities': {n_val} wanted but only {len(rest)} "
                           "identities are neither study nor tuning forget identities")
     retain_val = np.sort(np.random.default_rng([tuning_seed, _TUNING_RETAIN_VAL]).choice(rest, n_val, replace=False))
-    retain_train = retain_train_all[~np.isin(retain_train_all, retain_val)]
-    cent = dict(zip(centroids["identity"].astype(int), centroid_matrix(centroids)))
-    images = labels.sort_values("image_id").groupby("identity")["image_id"].apply(list)
-    return [experiment_selection(int(f), images[f], retain_train[retain_train != f], retain_val, cent, selection_cfg,
-                                 tuning_seed) for f in forget]
+    retain_pool = retain_train_all[~np.isin(retain_train_all, retain_val)]
+    return experiment_selections(labels, centroids, forget.tolist(), retain_pool, retain_val, selection_cfg,
+                                 tuning_seed)
 
 
 def pooled_scores(samples: pd.DataFrame) -> dict:
@@ -117,8 +103,7 @@ def pooled_scores(samples: pd.DataFrame) -> dict:
     target identity's centroid, undetected samples count 0) and SRK (eqs. 8-10 on pooled counts)."""
     out = {f"ism_{kind}": float(samples.loc[samples["kind"] == kind, "own_cosine"].mean())
            for kind in ("forget", "retain")}
-    counts = sample_counts(samples)
-    out["srk"] = float(pooled_srk({k: np.asarray(v) for k, v in counts.items()}))
+    out["srk"] = float(pooled_srk(sample_counts(samples)))
     return out
 
 
@@ -175,11 +160,12 @@ def choice_record(choices: dict, settings: dict[str, dict], rule: dict, identiti
             "methods": {m: {**c, "run": settings[c["setting"]]["run"]} for m, c in choices.items()}}
 
 
-def tuned_settings(run: dict, choice: dict, base: str) -> dict:
-    """A ``<base>.tuned`` run's settings: the tuning's chosen settings, keeping the run's own ``n_identities``."""
+def tuned_settings(run: dict, choice: dict, name: str) -> dict:
+    """The settings of run ``name`` = ``<base>.tuned``: the tuning's chosen settings for ``base``, keeping the run's
+    own ``n_identities``."""
+    base = tuned_base(name)
     if base not in choice["methods"]:
-        raise ConfigError(f"run {tuned_run_name(base)!r}: the tuning choice has no method {base!r}; add it to "
-                          "tuning.methods")
+        raise ConfigError(f"run {name!r}: the tuning choice has no method {base!r}; add it to tuning.methods")
     return {**choice["methods"][base]["run"], "n_identities": run["n_identities"]}
 
 

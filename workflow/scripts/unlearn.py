@@ -7,7 +7,7 @@ from idunlearn.controllable import phase_two_epsilon
 from idunlearn.experiment import differentiable_recognizer, load_generator, run_selection, unlearning_data
 from idunlearn.io import read_json, write_json, write_parquet
 from idunlearn.runlog import stage_log
-from idunlearn.tuning import tuned_base, tuned_settings
+from idunlearn.tuning import tuned_settings
 from idunlearn.unlearning import build_method
 from idunlearn.unlearning.runner import save_changed_parameters, unlearn
 
@@ -19,7 +19,7 @@ with stage_log(snakemake.log[0], "unlearn") as log:
         run = {**run, "epsilon": phase_two_epsilon(run["epsilon_fraction"], *map(pd.read_parquet, i.boundaries))}
         log.info("Phase II epsilon %.6g at fraction %s", run["epsilon"], run["epsilon_fraction"])
     if "tuning_choice" in i.keys() and i.tuning_choice:  # <run>.tuned: the setting the tuning protocol chose
-        run = tuned_settings(run, read_json(i.tuning_choice[0]), tuned_base(snakemake.wildcards.run))
+        run = tuned_settings(run, read_json(i.tuning_choice[0]), snakemake.wildcards.run)
         log.info("tuned settings: %s", run)
     selection = run_selection(read_json(i.selection), run, centroids)
     generator = load_generator(p.generator, p.device)
