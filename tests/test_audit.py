@@ -209,14 +209,14 @@ def test_relearning_measures_the_given_model_at_k0_and_trains_only_its_regime():
 
 
 def test_ball_projection_keeps_inside_points_and_lands_on_the_boundary():
-    from idunlearn.audit.attack import _project_to_ball
+    from idunlearn.unlearning.adversarial import project_to_ball
 
     rng = np.random.default_rng(2)
     centre = torch.nn.functional.normalize(torch.as_tensor(rng.standard_normal(DIM), dtype=torch.float32), dim=0)
     inside = centre + 0.1 * torch.as_tensor(rng.standard_normal(DIM), dtype=torch.float32)
-    torch.testing.assert_close(_project_to_ball(inside, centre, 0.5), inside / inside.norm())
+    torch.testing.assert_close(project_to_ball(inside, centre, 0.5), inside / inside.norm())
     outside = torch.as_tensor(rng.standard_normal(DIM), dtype=torch.float32)
-    projected = _project_to_ball(outside, centre, 0.8)
+    projected = project_to_ball(outside, centre, 0.8)
     assert float(projected.norm()) == pytest.approx(1.0, abs=1e-6)
     assert float(projected @ centre) == pytest.approx(0.8, abs=1e-6)
 

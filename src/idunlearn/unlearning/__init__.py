@@ -6,12 +6,13 @@ from __future__ import annotations
 from .base import ClosedFormMethod, UnlearningMethod
 from .esd import ESD
 from .piu import PIU
+from .piu_robust import PIURobust
 from .siss import SISS
 from .uce import UCE
 from .wid import WID
 
 METHODS: dict[str, type[UnlearningMethod] | type[ClosedFormMethod]] = {
-    cls.name: cls for cls in (PIU, SISS, UCE, WID, ESD)}
+    cls.name: cls for cls in (PIU, SISS, UCE, WID, ESD, PIURobust)}
 
 
 def build_method(name: str, params: dict) -> UnlearningMethod | ClosedFormMethod:

@@ -62,6 +62,17 @@ class UnlearningMethod(abc.ABC):
                    rng: np.random.Generator, gen: torch.Generator) -> Objectives:
         """Sample one step's batch and return its forget and retain losses (differentiable in the student)."""
 
+    def start(self, seed: int) -> None:
+        """Called by the run loop before its first step with the run's seed: a method with random state of its
+        own (piu_robust's inner attack) seeds it here, apart from the batch streams."""
+
+    def state_dict(self) -> dict:
+        """The method's own state that a resumed run needs besides the weights and batch streams (none here)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (called after ``start`` on resume)."""
+
 
 class ClosedFormMethod(abc.ABC):
     """A method that edits the weights in one solve, without a training loop (UCE)."""

@@ -12,6 +12,8 @@ from .base import Objectives, UnlearningData, UnlearningMethod
 from ..conditions import dirichlet_mixtures, draw_rows
 from .conditions import noisy_latents
 
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (unit conditions, noisy latents x_t, timesteps t)
+
 
 def negative_guidance_target(eps_ref: torch.Tensor, eps_forget: torch.Tensor, eta: float) -> torch.Tensor:
     """eps_hat = eps*(c_ref) - eta [eps*(c_f) - eps*(c_ref)] (PIU eq. 1; ESD's target with c_ref = unconditional)."""
@@ -31,26 +33,38 @@ class PIU(UnlearningMethod):
         anchor = torch.as_tensor(np.repeat(data.anchor_centroid[None], n, axis=0), dtype=torch.float32)
         return generator.conditions(anchor)
 
+    def extra_batch(self, generator: IdentityGenerator, side: str) -> Batch | None:
+        """Unit conditions (n, D) with their noisy latents and timesteps, added to the sampled ``forget`` or
+        ``retain`` batch (``side``); None: nothing added (PIU; piu_robust adds its adversarial conditions)."""
+        return None
+
+    def _joined(self, generator: IdentityGenerator, side: str, embeddings: np.ndarray, x_t: torch.Tensor,
+                t: torch.Tensor) -> Batch:
+        sampled, extra = (torch.from_numpy(embeddings), x_t, t), self.extra_batch(generator, side)
+        return sampled if extra is None else tuple(torch.cat(pair) for pair in zip(sampled, extra))
+
     def objectives(self, generator: IdentityGenerator, teacher: nn.Module, data: UnlearningData,
                    rng: np.random.Generator, gen: torch.Generator) -> Objectives:
         p, sched, device = self.params, generator.training_scheduler(), generator.device
         n_f, n_r = p["forget_batch"], p["retain_batch"]
         forget_emb = dirichlet_mixtures(data.forget_train, n_f, rng, p["dirichlet_k"], p["dirichlet_alpha"])
+        forget_emb, x_t, t = self._joined(generator, "forget", forget_emb,
+                                          *noisy_latents(sched, generator.latent_shape, n_f, gen, device))
         with torch.no_grad():  # the text encoder is frozen: conditions carry no gradient
-            c_f = generator.conditions(torch.from_numpy(forget_emb))
-            c_ref = self.reference_conditions(generator, data, n_f)
-        x_t, t = noisy_latents(sched, generator.latent_shape, n_f, gen, device)
-        with torch.no_grad():  # frozen teacher: reference and forget predictions in one batched call
+            c_f = generator.conditions(forget_emb)
+            c_ref = self.reference_conditions(generator, data, len(forget_emb))
+            # frozen teacher: reference and forget predictions in one batched call
             eps_ref, eps_f = generator.predict_noise(torch.cat([x_t, x_t]), torch.cat([t, t]),
                                                      torch.cat([c_ref, c_f]), unet=teacher).chunk(2)
         target = negative_guidance_target(eps_ref, eps_f, p["eta"])
         forget = mse_loss(generator.predict_noise(x_t, t, c_f).float(), target.float())  # PIU eq. 2
         if not p.get("preserve", True):
             return Objectives(forget, None)
+        retain_emb = draw_rows(data.retain_train, n_r, rng)
+        retain_emb, x_r, t_r = self._joined(generator, "retain", retain_emb,  # own latents and timesteps
+                                            *noisy_latents(sched, generator.latent_shape, n_r, gen, device))
         with torch.no_grad():
-            c_r = generator.conditions(torch.from_numpy(draw_rows(data.retain_train, n_r, rng)))
-        x_r, t_r = noisy_latents(sched, generator.latent_shape, n_r, gen, device)  # own latents and timesteps
-        with torch.no_grad():
+            c_r = generator.conditions(retain_emb)
             eps_keep = generator.predict_noise(x_r, t_r, c_r, unet=teacher)
         # the re-measurement (EUPMU) runs under the autocast state of this measurement
         autocast = torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type),

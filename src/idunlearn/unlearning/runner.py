@@ -39,12 +39,14 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
     teacher = copy.deepcopy(generator.unet).eval().requires_grad_(False)
     optimiser = build_optimiser(list(trainable.values()), cfg)
     rows, step, state_path = [], 0, Path(state_path)
+    method.start(seed)
     if state_path.is_file():
         state = torch.load(state_path, weights_only=True)
         generator.unet.load_state_dict(state["trainable"], strict=False)
         optimiser.load_state_dict(state["optimiser"])
         rng.bit_generator.state = state["numpy_rng"]
         gen.set_state(state["torch_rng"])
+        method.load_state_dict(state.get("method", {}))  # states saved before methods had one hold none
         rows, step = state["rows"], int(state["step"])
         log.info("resumed at step %d from %s", step, state_path)
     generator.unet.train()
@@ -59,7 +61,7 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
                                      f"(now {cfg['lr']}) or set 'grad_clip'") from err
         rows.append({"step": step, **row, "seconds": time.perf_counter() - tick})
         if step % cfg["checkpoint_every"] == 0 and step < cfg["steps"]:
-            _save_state(state_path, trainable, optimiser, rng, gen, rows, step)
+            _save_state(state_path, trainable, optimiser, method, rng, gen, rows, step)
     generator.unet.eval()
     table = pd.DataFrame(rows)
     timings = {"steps": cfg["steps"], "trainable_parameters": int(sum(p.numel() for p in trainable.values())),
@@ -78,9 +80,10 @@ def _edit(generator: IdentityGenerator, method: ClosedFormMethod, data: Unlearni
     return pd.DataFrame([{"step": 1, **row, "seconds": seconds}]), timings
 
 
-def _save_state(path: Path, trainable: dict, optimiser, rng, gen, rows, step) -> None:
+def _save_state(path: Path, trainable: dict, optimiser, method: UnlearningMethod, rng, gen, rows, step) -> None:
     state = {"trainable": {k: v.detach().clone() for k, v in trainable.items()}, "optimiser": optimiser.state_dict(),
-             "numpy_rng": rng.bit_generator.state, "torch_rng": gen.get_state(), "rows": rows, "step": step}
+             "method": method.state_dict(), "numpy_rng": rng.bit_generator.state, "torch_rng": gen.get_state(),
+             "rows": rows, "step": step}
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
