@@ -1,6 +1,7 @@
 import pytest
+import yaml
 
-from idunlearn.config import ConfigError, config_hash, load_config, run_config, sweep_runs, validate_config
+from idunlearn.config import ConfigError, config_hash, deep_update, load_config, run_config, sweep_runs, validate_config
 
 from conftest import REPO
 
@@ -10,6 +11,18 @@ def test_shipped_configs_validate(name):
     cfg = load_config(REPO / "config" / name)
     assert cfg["identities"]["eps"] == 0.35 and cfg["identities"]["min_samples"] == 2
     assert cfg["selection"]["anchor"] == {"tau": 0.2, "tol": 0.01}
+
+
+@pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"]])
+def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
+    # snakemake --configfile a.yaml b.yaml merges each file into config.yaml key by key (lists replaced)
+    merged = {}
+    for name in overlays:
+        merged = deep_update(merged, yaml.safe_load((REPO / "config" / name).read_text()))
+    cfg = load_config(REPO / "config" / "config.yaml", merged)
+    if "robust.yaml" in overlays:
+        assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
+        assert cfg["audit"]["runs"] == ["piu_100", "piu_robust"] and "siss" in cfg["unlearning"]["runs"]
 
 
 def test_defaults_fill_missing_sections():
