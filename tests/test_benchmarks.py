@@ -46,3 +46,19 @@ def test_offline_preset_runs_the_shipped_mini_generator_with_embeddings_it_can_t
     # the mini encoder is 256 wide: the benchmark's random embeddings must not be wider
     result = benchmark_preset("offline", 1, "cpu", forget_batch=1, retain_batch=1, warmup=0)
     assert result["preset"] == "offline" and result["projected_steps"] == 200 and result["flops_per_step"] > 0
+
+
+def test_phase_two_tracking_through_the_cli(tmp_path):
+    from idunlearn.__main__ import main as idunlearn_main
+
+    output = tmp_path / "phase_two.json"
+    idunlearn_main(["benchmark-phase-two", "--steps", "10", "--batch", "1", "--betas", "1", "0.1",
+                    "--output", str(output)])
+    rows = json.loads(output.read_text())["rows"]
+    assert [row["beta"] for row in rows] == [1.0, 0.1] and len({row["epsilon"] for row in rows}) == 1
+    for row in rows:  # the distance and violation are those of the run's own end and bound
+        assert row["spacing"] > 0 and len(row["f1_by_tenth"]) == 10
+        assert row["spacings_from_bound"] == pytest.approx(abs(row["f1_end"] - row["epsilon"]) / row["spacing"])
+        assert row["violation"] == pytest.approx(max(row["f1_end"] - row["epsilon"], 0.0))
+    # f1 at the end is the mean of the last tenth of the steps (the last step here)
+    assert rows[0]["f1_end"] == pytest.approx(rows[0]["f1_by_tenth"][-1])

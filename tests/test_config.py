@@ -1,9 +1,16 @@
 import pytest
 import yaml
-
-from idunlearn.config import ConfigError, config_hash, deep_update, load_config, run_config, sweep_runs, validate_config
-
 from conftest import REPO
+
+from idunlearn.config import (
+    ConfigError,
+    config_hash,
+    deep_update,
+    load_config,
+    run_config,
+    sweep_runs,
+    validate_config,
+)
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "celebahq.yaml"])

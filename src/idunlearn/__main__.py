@@ -7,8 +7,17 @@ import argparse
 import os
 
 from .assets import PackageAsset, fetch_package
-from .bench_cli import (HELP as BENCHMARK_HELP, OPTIMISER_HELP, add_benchmark_arguments,
-                        add_optimiser_benchmark_arguments, run_benchmark, run_optimiser_benchmark)
+from .bench_cli import HELP as BENCHMARK_HELP
+from .bench_cli import (
+    OPTIMISER_HELP,
+    PHASE_TWO_HELP,
+    add_benchmark_arguments,
+    add_optimiser_benchmark_arguments,
+    add_phase_two_arguments,
+    run_benchmark,
+    run_optimiser_benchmark,
+    run_phase_two,
+)
 from .config import load_config
 
 
@@ -35,6 +44,7 @@ def main(argv=None) -> None:
     fetch.add_argument("--configfile", default="config/config.yaml")
     add_benchmark_arguments(sub.add_parser("benchmark-piu", help=BENCHMARK_HELP))
     add_optimiser_benchmark_arguments(sub.add_parser("benchmark-optimisers", help=OPTIMISER_HELP))
+    add_phase_two_arguments(sub.add_parser("benchmark-phase-two", help=PHASE_TWO_HELP))
     args = parser.parse_args(argv)
     if args.command == "fetch-assets":
         fetch_assets(args.configfile)
@@ -42,6 +52,8 @@ def main(argv=None) -> None:
         run_benchmark(args)
     elif args.command == "benchmark-optimisers":
         run_optimiser_benchmark(args)
+    elif args.command == "benchmark-phase-two":
+        run_phase_two(args)
 
 
 if __name__ == "__main__":

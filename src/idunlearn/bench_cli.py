@@ -118,6 +118,53 @@ def run_optimiser_benchmark(args: argparse.Namespace) -> Path:
     return output
 
 
+PHASE_TWO_HELP = ("How close epsilon-constrained Phase II ends to its bound on the shipped mini generator with PIU's "
+                  "objectives, per beta; writes JSON.")
+
+
+def add_phase_two_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--steps", type=int, default=200, help="steps of every run")
+    parser.add_argument("--batch", type=int, default=2, help="forget and retain batch")
+    parser.add_argument("--betas", type=float, nargs="+", default=[1.0], help="Phase II's epsilon_beta values")
+    parser.add_argument("--fraction", type=float, default=0.5, help="Phase II's place between the boundaries")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=None,
+                        help="JSON path (default results/benchmarks/phase_two_<time>.json)")
+    return parser
+
+
+def run_phase_two(args: argparse.Namespace) -> Path:
+    import tempfile
+
+    import torch
+
+    from .benchmarks import (
+        default_run_settings,
+        random_unlearning_data,
+        shipped_mini_generator,
+    )
+    from .config import resolve_run_settings
+    from .controllable import phase_two_tracking
+    from .io import write_json
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    generator = shipped_mini_generator(args.seed)
+    data = random_unlearning_data(dim=generator.encoder.width, n_forget=4, n_retain=16, seed=args.seed)
+    run = {**resolve_run_settings({**default_run_settings(), "optimiser": "epsilon_constrained"}),
+           "steps": args.steps, "checkpoint_every": args.steps, "forget_batch": args.batch, "retain_batch": args.batch}
+    with tempfile.TemporaryDirectory() as workdir:
+        table = phase_two_tracking(generator, data, run, workdir, args.betas, args.fraction, args.seed)
+    output = args.output or Path("results/benchmarks") / f"phase_two_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    write_json({"command": shlex.join(sys.orig_argv), "rows": table.to_dict("records")}, output)
+    for row in table.itertuples():
+        print(f"beta {row.beta:g}: epsilon {row.epsilon:.5f}, spacing {row.spacing:.5f}, f1 at the end "
+              f"{row.f1_end:.5f} ({row.spacings_from_bound:.2f} spacings from the bound, violation {row.violation:.5f})")
+    print(f"-> {output}")
+    return output
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = add_benchmark_arguments(argparse.ArgumentParser(prog="idunlearn.bench_cli", description=HELP))
     return run_benchmark(parser.parse_args(argv))

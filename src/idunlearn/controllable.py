@@ -101,3 +101,34 @@ def pareto_figure(table: pd.DataFrame, summary: pd.DataFrame):
     fig.suptitle("Controllable unlearning: the boundaries (highest, lowest) and Phase II epsilon fractions")
     fig.tight_layout()
     return fig
+
+
+def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fraction: float = 0.5, seed: int = 0,
+                       spacing_fraction: float = 0.25) -> pd.DataFrame:
+    """How close Phase II ends to its bound: the boundary runs (``highest`` and the extension's ``original``, which
+    needs no training to span a range) and one Phase II run at ``fraction`` per beta, every run on the same batches
+    (one seed). One row per beta: epsilon, the spacing of the paper's grid (``spacing_fraction`` of the f1 range),
+    f1 at the end (``final_objective``), the distance in spacings, the violation [f1 - epsilon]+ (what the paper's
+    Lemma 7 bounds) and f1's mean over each tenth of the steps."""
+    import copy
+    from pathlib import Path
+
+    from .unlearning import build_method
+    from .unlearning.runner import unlearn
+
+    def losses(name: str, **settings) -> pd.DataFrame:
+        return unlearn(copy.deepcopy(generator), build_method(run["method"], run), data, {**run, **settings},
+                       Path(workdir) / f"{name}.pt", seed=seed)[0]
+
+    highest, original = losses("highest", epsilon_phase="highest"), losses("original", epsilon_phase="original")
+    spacing = spacing_fraction * boundary_range(highest, original)
+    epsilon = phase_two_epsilon(fraction, highest, original)
+    rows = []
+    for beta in betas:
+        f1 = losses(f"controlled_{beta}", epsilon_phase="controlled", epsilon=epsilon, epsilon_beta=beta)
+        end = final_objective(f1, "forget_loss")
+        tenths = np.array_split(f1.sort_values("step")["forget_loss"].to_numpy(np.float64), 10)
+        rows.append({"beta": beta, "epsilon": epsilon, "spacing": spacing, "f1_end": end,
+                     "spacings_from_bound": abs(end - epsilon) / spacing, "violation": max(end - epsilon, 0.0),
+                     "f1_by_tenth": [float(t.mean()) for t in tenths]})
+    return pd.DataFrame(rows)
