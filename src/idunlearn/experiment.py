@@ -13,7 +13,7 @@ from PIL import Image
 from .faces import build_face_analyser
 from .faces.analyser import FaceAnalyser, aligned_crops, load_rgb, ok_embeddings
 from .evaluation.generation import to_uint8_images
-from .identities import centroid_matrix
+from .identities import centroid_lookup
 from .models.generator import IdentityGenerator, unit_rgb
 from .models.pretrain import faces_to_training_images
 from .unlearning.base import UnlearningData
@@ -50,7 +50,7 @@ def unlearning_data(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame, 
     images as clean latents of that generator (``real_latents``), row for row with the embeddings."""
     emb = ok_embeddings(faces)
     retain_ids = sorted(labels.loc[labels["identity"].isin(selection["retain_train_identities"]), "image_id"])
-    cents = dict(zip(centroids["identity"], centroid_matrix(centroids)))
+    cents = centroid_lookup(centroids)
     anchor = selection["anchor_identity"]
     data = UnlearningData(
         forget_train=np.stack(emb.loc[selection["forget_train_images"]].to_numpy()).astype(np.float32),

@@ -51,6 +51,11 @@ def centroid_matrix(centroids: pd.DataFrame) -> np.ndarray:
     return np.stack(centroids["centroid"].to_numpy()).astype(np.float64)
 
 
+def centroid_lookup(centroids: pd.DataFrame) -> dict[int, np.ndarray]:
+    """Identity -> its centroid (float64), from the centroids table."""
+    return dict(zip(centroids["identity"].astype(int).tolist(), centroid_matrix(centroids)))
+
+
 def nearest_neighbour_cosine(embeddings: np.ndarray) -> np.ndarray:
     """For each sample, the cosine similarity to its nearest other sample (PIU Fig. 7)."""
     emb = l2_normalise(np.asarray(embeddings, np.float64))

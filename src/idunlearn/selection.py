@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from .identities import centroid_matrix
+from .identities import centroid_lookup
 
 # Stream tags keep the random draws for different purposes independent of each other.
 _RETAIN_SPLIT, _FORGET_ORDER, _FORGET_SPLIT, _ANCHOR = 1, 2, 3, 4
@@ -108,7 +108,7 @@ def experiment_anchor(centroids: dict, forget: int, retain_train, tau: float, to
 def anchor_for_tau(selection: dict, centroids: pd.DataFrame, tau: float) -> dict:
     """A selection's anchor re-drawn at another proximity ``tau`` (same tolerance, seed and candidates):
     the anchor fields of the selection for that tau."""
-    cent = dict(zip(centroids["identity"].astype(int), centroid_matrix(centroids)))
+    cent = centroid_lookup(centroids)
     anchor, cosine, fallback, band = experiment_anchor(cent, selection["forget_identity"],
                                                        selection["retain_train_identities"], tau, selection["tol"],
                                                        selection["seed"])
@@ -137,7 +137,7 @@ def experiment_selections(labels: pd.DataFrame, centroids: pd.DataFrame, forget_
     """One experiment per forget identity: its seeded forget-train/validation split, its anchor (eq. 6) among the
     ``retain_pool`` identities other than itself (its retain-train identities), and the ``retain_val`` identities.
     ``cfg``: the ``selection`` config."""
-    cent = dict(zip(centroids["identity"].astype(int), centroid_matrix(centroids)))
+    cent = centroid_lookup(centroids)
     images_by_identity = labels.sort_values("image_id").groupby("identity")["image_id"].apply(list)
     retain_pool = np.asarray(retain_pool)
     tau, tol = cfg["anchor"]["tau"], cfg["anchor"]["tol"]

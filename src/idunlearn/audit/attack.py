@@ -22,7 +22,7 @@ from torch.nn.functional import normalize
 from ..evaluation.samples import generate_samples, score_samples
 from ..experiment import real_latents
 from ..faces.analyser import FaceAnalyser
-from ..identities import centroid_matrix
+from ..identities import centroid_lookup
 from ..models.generator import IdentityGenerator
 from ..unlearning.adversarial import search_conditions
 from .probes import AUDIT_SEED_OFFSET, control_identity
@@ -63,7 +63,7 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
     images): the winner's samples verified as the attacked identity (fa), their ISM, the winner's cosine to the
     centroid and its loss; with ``second`` (an ``audit.second_recognizer.SecondRecognizer``) also the winner's samples
     under the independent recognizer (fa_second, ism_second)."""
-    cents = dict(zip(centroids["identity"], centroid_matrix(centroids)))
+    cents = centroid_lookup(centroids)
     control, control_images = control_identity(selection, faces, labels)
     rows = []
     for index, (probe, identity, images) in enumerate((

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..conditions import dirichlet_mixtures, great_circle
 from ..faces.analyser import ok_embeddings
-from ..identities import centroid_matrix
+from ..identities import centroid_lookup
 
 AUDIT_SEED_OFFSET = 200_000  # audit sample i uses seed + 200000 + i: apart from the evaluation's seeds
 # relearning, trajectory and attack take no conditions from here (relearning.py, trajectory.py, attack.py)
@@ -47,8 +47,7 @@ def probe_set(selection: dict, faces: pd.DataFrame, centroids: pd.DataFrame, cfg
         raise ValueError(f"config key 'audit.probes': unknown probe(s) {sorted(unknown)}; use {', '.join(PROBES)}")
     forget = selection["forget_identity"]
     emb = ok_embeddings(faces)
-    ids = centroids["identity"].to_numpy()
-    cents = dict(zip(ids, centroid_matrix(centroids)))
+    cents = centroid_lookup(centroids)
     centre = cents[forget]
     rng = np.random.default_rng([seed, forget, 7])  # the audit's own stream, apart from the evaluation's
     parts, conditions = [], []

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from ..faces.analyser import FaceAnalyser
-from ..identities import centroid_matrix
+from ..identities import centroid_lookup
 from ..models.generator import IdentityGenerator
 from .metrics import run_metrics
 from .samples import EvaluationSet, generate_samples, score_samples
@@ -29,7 +29,7 @@ def anchor_images(generator: IdentityGenerator, eval_set: EvaluationSet, centroi
                   anchor_identity: int, cfg: dict) -> np.ndarray:
     """The forget samples' initial noise conditioned on the anchor centroid: the anchor row of PIU Fig. 4."""
     forget = eval_set.table["kind"] == "forget"
-    cents = dict(zip(centroids["identity"], centroid_matrix(centroids)))
+    cents = centroid_lookup(centroids)
     cond = np.repeat(cents[anchor_identity][None].astype(np.float32), int(forget.sum()), axis=0)
     return generate_samples(generator, cond, eval_set.table.loc[forget, "seed"], cfg["steps"], cfg["guidance"],
                             cfg["batch_size"])
