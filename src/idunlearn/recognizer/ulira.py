@@ -125,6 +125,7 @@ def attack_experiment(data: ImageData, original, original_meta: dict, membership
                 for k, (base, shadow) in enumerate(zip(bases, problems))])
             row["ulira_time_s"] = time.process_time() - cpu_start
             target, _ = run_method(method, original, problem, settings, seed)  # the experiment's own call
+            # U-LiRA score (Hayes et al. 2025; GSUO App. C): log N(phi; forgotten) - log N(phi; unseen) per image
             scores = lira_scores(logit_confidence(logits(target, x_pool), y_pool), forgotten, shadow_phi,
                                  rcfg["mia"]["fixed_variance"])
             row["ulira_auc"] = attack_auc(scores[: len(pos)], scores[len(pos):])
