@@ -84,6 +84,57 @@ rule recognizer_shadows:
         "../workflow/scripts/recognizer_shadows.py"
 
 
+# U-LiRA (recognizer.ulira): base shadow models per dataset, then per random-subset experiment every method unlearned
+# inside each of them; jobs of their own so that the experiments above do not carry its cost.
+rule recognizer_ulira_shadows:
+    input:
+        data=recognizer_results("data", "{dataset}.npz"),
+    output:
+        membership=recognizer_results("mia", "{dataset}", "ulira", "membership.npz"),
+        models=expand(recognizer_results("mia", "{{dataset}}", "ulira", "shadow{k}.safetensors"),
+                      k=range(config["recognizer"]["ulira"]["n_shadows"])),
+    params:
+        settings=lambda wc: {k: config["recognizer"][wc.dataset][k] for k in ("model", "training")},
+        n_shadows=config["recognizer"]["ulira"]["n_shadows"],
+        seed=config["seed"],
+    wildcard_constraints:
+        dataset="orl|fashion_mnist",
+    threads: config["recognizer"]["threads"]
+    log:
+        logs("recognizer/ulira_shadows_{dataset}"),
+    benchmark:
+        results("benchmarks", "recognizer", "ulira_shadows_{dataset}.tsv")
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/recognizer_ulira.py"
+
+
+rule recognizer_ulira:
+    input:
+        data=recognizer_results("data", "{dataset}.npz"),
+        model=rules.recognizer_original.output.model,
+        membership=rules.recognizer_ulira_shadows.output.membership,
+        shadows=rules.recognizer_ulira_shadows.output.models,
+    output:
+        recognizer_results("runs", "random_subset", "{dataset}", "{experiment}", "ulira.parquet"),
+    params:
+        recognizer=lambda wc: recognizer_ulira.job_config(config["recognizer"], wc.dataset),
+        seed=config["seed"],
+    wildcard_constraints:
+        dataset="orl|fashion_mnist",
+        experiment=r"seed\d+",
+    threads: config["recognizer"]["threads"]
+    log:
+        logs("recognizer/random_subset/{dataset}/{experiment}_ulira"),
+    benchmark:
+        results("benchmarks", "recognizer", "random_subset", "{dataset}", "{experiment}_ulira.tsv")
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/recognizer_ulira.py"
+
+
 rule recognizer_experiment:
     input:
         data=recognizer_results("data", "{dataset}.npz"),
@@ -220,6 +271,7 @@ rule recognizer_tune:
 rule recognizer_tables:
     input:
         metrics=recognizer_experiment_outputs,
+        ulira=recognizer_ulira_outputs,
         originals=lambda wc: expand(rules.recognizer_original.output.info, dataset=recognizer_datasets()),
     output:
         metrics=recognizer_results("tables", "metrics.parquet"),

@@ -2,7 +2,7 @@
 
 import re
 
-from idunlearn.recognizer import tuning as recognizer_tuning
+from idunlearn.recognizer import tuning as recognizer_tuning, ulira as recognizer_ulira
 from idunlearn.recognizer.runs import experiment_config, experiments as recognizer_experiments
 
 
@@ -18,6 +18,12 @@ def recognizer_experiment_outputs(wildcards=None):
     files = ["metrics.parquet", "tuned.parquet"] if recognizer_tuning_enabled() else ["metrics.parquet"]
     return [recognizer_results("runs", e.task, e.dataset, e.name, f)
             for e in recognizer_experiments(rcfg, identities) for f in files]
+
+
+def recognizer_ulira_outputs(wildcards=None):
+    """ulira.parquet of every experiment recognizer.ulira attacks (none when it is off)."""
+    return [recognizer_results("runs", e.task, e.dataset, e.name, "ulira.parquet")
+            for e in recognizer_ulira.experiments(config["recognizer"])]
 
 
 def recognizer_datasets():

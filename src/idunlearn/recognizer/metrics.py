@@ -11,7 +11,8 @@ import pandas as pd
 from ..evaluation.aggregate import mean_ci, summarise
 
 ACCURACY_COLUMNS = ["acc_retain", "acc_retain_test", "acc_forget", "acc_forget_test", "acc_test"]
-VALUE_COLUMNS = [*ACCURACY_COLUMNS, "diff", "f_acc", "mia_auc", "mia_auc_loss"]
+ULIRA_COLUMNS = ["ulira_auc", "ulira_acc"]  # from the U-LiRA stage (recognizer.ulira), random-subset only
+VALUE_COLUMNS = [*ACCURACY_COLUMNS, "diff", "f_acc", "mia_auc", "mia_auc_loss", "svm_asr", *ULIRA_COLUMNS]
 COST_COLUMNS = ["time_s", "wall_s", "speedup"]
 METHOD_ORDER = ["original", "retrain", "ft", "ga", "rl", "rl_with_retain", "iu", "eu_k", "cf_k", "l1_sparse", "salun",
                 "bad_t", "scrub", "b_shrink", "b_expand", "unsir", "rl_eupmu", "gsuo"]
@@ -84,22 +85,25 @@ def _cell(values, percent: bool, digits: int) -> str:
 RANDOM_SUBSET_ROWS = [("Acc(D_r) %", "acc_retain", True, 2), ("Acc(D_t) %", "acc_test", True, 2),
                       ("Acc(D_f) %", "acc_forget", True, 2), ("|Diff| %", "diff", True, 2),
                       ("F_acc %", "f_acc", True, 2), ("MIA AUC (LiRA)", "mia_auc", False, 3),
-                      ("MIA AUC (loss)", "mia_auc_loss", False, 3), ("Time (CPU s)", "time_s", False, 2),
-                      ("Speedup", "speedup", False, 1)]
+                      ("MIA AUC (loss)", "mia_auc_loss", False, 3), ("MIA AUC (U-LiRA)", "ulira_auc", False, 3),
+                      ("MIA acc (U-LiRA)", "ulira_acc", False, 3), ("MIA ASR (SVM, loss)", "svm_asr", False, 3),
+                      ("Time (CPU s)", "time_s", False, 2), ("Speedup", "speedup", False, 1)]
 CLASSWISE_ROWS = [("Acc(D_r) %", "acc_retain", True, 2), ("Acc(D_rt) %", "acc_retain_test", True, 2),
                   ("Acc(D_f) %", "acc_forget", True, 2), ("Acc(D_ft) %", "acc_forget_test", True, 2),
-                  ("MIA AUC (LiRA)", "mia_auc", False, 3), ("Time (CPU s)", "time_s", False, 2),
-                  ("Speedup", "speedup", False, 1)]
+                  ("MIA AUC (LiRA)", "mia_auc", False, 3), ("MIA ASR (SVM, loss)", "svm_asr", False, 3),
+                  ("Time (CPU s)", "time_s", False, 2), ("Speedup", "speedup", False, 1)]
 
 
 def random_subset_table(rows: pd.DataFrame) -> pd.DataFrame:
     """GSUO Table 1 layout: one block per dataset, metrics as rows, methods (paper setting, then tuned) as columns,
-    'mean ± 95% half width' over the seeds."""
+    'mean ± 95% half width' over the seeds; a metric no row of the dataset has (U-LiRA not run) is left out."""
     rows = rows[rows["task"] == "random_subset"]
     blocks = []
     for dataset, group in rows.groupby("dataset", sort=True):
         columns = variants(group)
         for label, col, pct, digits in RANDOM_SUBSET_ROWS:
+            if col not in group or group[col].isna().all():
+                continue
             record = {"dataset": dataset, "metric": label, "n": group["experiment"].nunique()}
             for m, _, name, g in columns:
                 no_cost = m == "original" and col in COST_COLUMNS

@@ -22,7 +22,7 @@ from ..config import ConfigError
 from .data import ImageData, class_index, random_forget_set
 from .methods import METHODS, Problem, applies, run_method
 from .metrics import abs_diff, acc_index, add_speedup
-from .mia import attack_auc, lira_scores, logit_confidence
+from .mia import attack_auc, lira_scores, logit_confidence, svm_loss_attack
 from .models import derive_seed
 from .training import logits
 
@@ -126,7 +126,7 @@ def method_row(method: str, settings: dict, original, problem: Problem, sets: di
     row = {"task": exp.task, "dataset": exp.dataset, "experiment": exp.name, "seed": exp.seed,
            "forget_identity": exp.forget_identity if exp.forget_identity is not None else -1,
            "method": method, "n_retain": len(sets["retain"]), "n_forget": len(sets["forget"]),
-           "n_test": len(sets["test"]), **evaluate(model, x_all, y_all, sets, shadows, exp.task),
+           "n_test": len(sets["test"]), **evaluate(model, x_all, y_all, sets, shadows, exp.task, seed),
            "time_s": cpu_seconds, "wall_s": seconds, "settings": json.dumps(settings, sort_keys=True),
            "info": json.dumps(info, sort_keys=True)}
     log.info("%s %s %s %s: %s", exp.task, exp.dataset, exp.name, method,
@@ -157,9 +157,10 @@ def run_experiment(data: ImageData, original, original_meta: dict, shadows: dict
     return add_speedup(frame) if tuned is None else frame
 
 
-def evaluate(model, x_all: torch.Tensor, y_all: torch.Tensor, sets: dict, shadows: dict, task: str) -> dict:
-    """Accuracies on each set, |Diff| and F_acc (random-subset), and the two membership-inference AUCs
-    (forget set against the unseen test images)."""
+def evaluate(model, x_all: torch.Tensor, y_all: torch.Tensor, sets: dict, shadows: dict, task: str,
+             seed: int) -> dict:
+    """Accuracies on each set, |Diff| and F_acc (random-subset), the two membership-inference AUCs (forget set
+    against the unseen test images) and the SVM/loss attack success rate (its draws seeded by ``seed``)."""
     z = logits(model, x_all)
     correct = (z.argmax(1) == y_all).numpy()
     acc = {name: float(correct[idx].mean()) if len(idx) else float("nan") for name, idx in sets.items()}
@@ -177,4 +178,5 @@ def evaluate(model, x_all: torch.Tensor, y_all: torch.Tensor, sets: dict, shadow
     out["mia_auc"] = attack_auc(scores[:n_f], scores[n_f:])
     log_p = torch.log_softmax(z.double(), 1)[torch.arange(len(y_all)), y_all].numpy()  # loss attack: -CE as score
     out["mia_auc_loss"] = attack_auc(log_p[sets["forget"]], log_p[sets["test"]])
+    out["svm_asr"] = svm_loss_attack(-log_p[sets["retain"]], -log_p[sets["forget"]], -log_p[sets["test"]], seed)
     return out

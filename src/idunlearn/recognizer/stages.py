@@ -11,9 +11,9 @@ import torch
 
 from ..config import ConfigError
 from ..io import atomic_path, read_json, write_csv, write_json, write_parquet
-from . import tuning
+from . import tuning, ulira
 from .data import ImageData, fashion_mnist_subset, load_fashion_mnist, orl_faces
-from .metrics import (COST_COLUMNS, VALUE_COLUMNS, classwise_table, markdown, plot_speedup_vs_facc,
+from .metrics import (COST_COLUMNS, ULIRA_COLUMNS, VALUE_COLUMNS, classwise_table, markdown, plot_speedup_vs_facc,
                       random_subset_table, speedup, summary_table)
 from .mia import train_shadows
 from .models import derive_seed, load_model, save_model
@@ -66,10 +66,46 @@ def train_original(data: ImageData, settings: dict, seed: int, model_path: str, 
 
 def shadows(data: ImageData, settings: dict, mia_cfg: dict, seed: int, path: str) -> None:
     result = train_shadows(data, settings["model"], settings["training"], mia_cfg["n_shadows"], seed)
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as handle:
-            np.savez_compressed(handle, membership=result["membership"], phi=result["phi"],
-                                ids=result["ids"].astype(str))
+    _save_npz(path, membership=result["membership"], phi=result["phi"], ids=result["ids"].astype(str))
+
+
+def _save_npz(path: str, **arrays) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        np.savez_compressed(handle, **arrays)
+
+
+def ulira_shadows(data: ImageData, settings: dict, n_shadows: int, seed: int, membership_path: str,
+                  model_paths: list[str]) -> None:
+    """U-LiRA's base shadow models (one file each) and their membership (with the image ids it refers to)."""
+    if len(model_paths) != n_shadows:
+        raise ValueError(f"{len(model_paths)} model paths for {n_shadows} shadows (config key "
+                         "'recognizer.ulira.n_shadows')")
+    membership, models = ulira.train_bases(data, settings, n_shadows, seed)
+    for k, (model, path) in enumerate(zip(models, model_paths)):
+        save_model(model, path, {"shadow": k})
+    _save_npz(membership_path, membership=membership, ids=data.ids.astype(str))
+
+
+def ulira_experiment(data_path: str, model_path: str, membership_path: str, shadow_paths: list[str], dataset: str,
+                     name: str, rcfg: dict, seed: int) -> pd.DataFrame:
+    """U-LiRA against every configured method of one random-subset experiment (``rcfg``: ``ulira.job_config``)."""
+    data = ImageData.load(data_path)
+    original, meta = load_model(model_path)
+    with np.load(membership_path, allow_pickle=False) as z:
+        if not np.array_equal(z["ids"], data.ids):
+            raise ValueError(f"{membership_path} was made for a different image table; rerun recognizer_ulira_shadows")
+        membership = z["membership"]
+    bases = [load_model(p)[0] for p in shadow_paths]
+    return ulira.attack_experiment(data, original, meta, membership, bases,
+                                   Experiment.parse("random_subset", dataset, name), rcfg, seed)
+
+
+def with_ulira(rows: pd.DataFrame, ulira_frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``rows`` with the U-LiRA columns ``ULIRA_COLUMNS`` joined in (NaN for rows U-LiRA did not attack)."""
+    keys = ["task", "dataset", "experiment", "method", "setting"]
+    attack = (pd.concat(ulira_frames, ignore_index=True)[[*keys, *ULIRA_COLUMNS]] if ulira_frames else
+              pd.DataFrame(columns=[*keys, *ULIRA_COLUMNS]))
+    return rows.merge(attack.astype({c: float for c in ULIRA_COLUMNS}), on=keys, how="left", validate="one_to_one")
 
 
 def _load(data_path: str, model_path: str, shadows_path: str):
@@ -136,9 +172,12 @@ def tuning_tables(grid_paths: list[str], request_paths: list[str], rcfg: dict, o
     return {"grid": grid, "choice": choice, "requests": reqs}
 
 
-def tables(metric_paths: list[str], original_paths: list[str], out: dict) -> dict[str, pd.DataFrame]:
-    """Tidy metrics (deterministic), costs (times and speedups), summaries and the paper-style tables and plot."""
-    rows = pd.concat([pd.read_parquet(p) for p in metric_paths], ignore_index=True)
+def tables(metric_paths: list[str], original_paths: list[str], out: dict,
+           ulira_paths: list[str] = ()) -> dict[str, pd.DataFrame]:
+    """Tidy metrics (deterministic), costs (times and speedups), summaries and the paper-style tables and plot;
+    ``ulira_paths``: U-LiRA rows, joined on (task, dataset, experiment, method, setting) (NaN where not run)."""
+    rows = with_ulira(pd.concat([pd.read_parquet(p) for p in metric_paths], ignore_index=True),
+                      [pd.read_parquet(p) for p in ulira_paths])
     rows = rows.sort_values(["task", "dataset", "experiment", "method", "setting"], kind="stable")
     rows = rows.reset_index(drop=True)
     keys = ["task", "dataset", "experiment", "seed", "forget_identity", "method", "setting"]
@@ -160,10 +199,12 @@ def tables(metric_paths: list[str], original_paths: list[str], out: dict) -> dic
             tmp.write_text(f"# {title}\n\nmean ± 95% Student-t half width over experiments (n); times are CPU "
                            "seconds of the unlearning (one thread), speedup = Retrain's CPU time / the method's. "
                            "'X' = the configured (paper) setting, 'X (tuned)' = the tuning protocol's choice "
-                           "(tuning/choice.md).\n\n" + markdown(frame))
+                           "(tuning/choice.md). MIA rows: AUC/accuracy 0.5 = the forget set looks unseen; U-LiRA "
+                           "(recognizer.ulira) attacks the configured settings of its seeds only, not the Original."
+                           "\n\n" + markdown(frame))
     plot_speedup_vs_facc(rows, out["plot"])
     return {"metrics": metrics, "summary": summary, "random_subset": rs, "classwise": cw}
 
 
-__all__ = ["set_threads", "orl_data", "fashion_mnist_data", "train_original", "shadows", "experiment",
-           "tuning_requests", "tune", "tuning_tables", "tables"]
+__all__ = ["set_threads", "orl_data", "fashion_mnist_data", "train_original", "shadows", "ulira_shadows",
+           "ulira_experiment", "with_ulira", "experiment", "tuning_requests", "tune", "tuning_tables", "tables"]

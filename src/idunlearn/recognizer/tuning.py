@@ -161,7 +161,7 @@ def request_table(data: ImageData, original, original_meta: dict, shadows: dict,
     check_shadows(shadows, data)
     rows = []
     for exp in reqs:
-        problem, sets, x_all, y_all, _ = build_problem(data, original_meta, exp, rcfg, config_seed)
+        problem, sets, x_all, y_all, seed = build_problem(data, original_meta, exp, rcfg, config_seed)
         if exp.task == "random_subset":
             fraction = rcfg["tasks"]["random_subset"]["forget_fraction"]
             evaluated = set()
@@ -170,7 +170,7 @@ def request_table(data: ImageData, original, original_meta: dict, shadows: dict,
             overlap = len(evaluated & set(sets["forget"].tolist()))
         else:
             overlap = 0
-        metrics = evaluate(original, x_all, y_all, sets, shadows, exp.task)
+        metrics = evaluate(original, x_all, y_all, sets, shadows, exp.task, seed)
         rows.append({"task": exp.task, "dataset": exp.dataset, "experiment": exp.name, "seed": exp.seed,
                      "forget_identity": -1 if exp.forget_identity is None else exp.forget_identity,
                      "n_retain": len(sets["retain"]), "n_forget": len(sets["forget"]),
