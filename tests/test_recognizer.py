@@ -393,3 +393,12 @@ def test_tiny_tuning_protocol_end_to_end():
                            experiment_config(rcfg, "random_subset", "orl"), 42, tuned=chosen["random_subset"]["orl"])
     assert tuned["method"].tolist() == ["ft"] and tuned["setting"].tolist() == ["tuned"]
     assert json.loads(tuned["settings"].item()) == chosen["random_subset"]["orl"]["ft"]
+
+
+def test_tables_stop_on_experiment_files_of_an_older_version(tmp_path):
+    from idunlearn.recognizer.stages import tables
+
+    old = tmp_path / "metrics.parquet"  # an experiment file from before svm_asr existed
+    pd.DataFrame({"task": ["random_subset"], "method": ["ga"], "mia_auc": [0.5]}).to_parquet(old)
+    with pytest.raises(ValueError, match="lack metric columns.*--forcerun recognizer_experiment"):
+        tables([str(old)], [], {})

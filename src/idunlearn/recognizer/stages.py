@@ -176,8 +176,13 @@ def tables(metric_paths: list[str], original_paths: list[str], out: dict,
            ulira_paths: list[str] = ()) -> dict[str, pd.DataFrame]:
     """Tidy metrics (deterministic), costs (times and speedups), summaries and the paper-style tables and plot;
     ``ulira_paths``: U-LiRA rows, joined on (task, dataset, experiment, method, setting) (NaN where not run)."""
-    rows = with_ulira(pd.concat([pd.read_parquet(p) for p in metric_paths], ignore_index=True),
-                      [pd.read_parquet(p) for p in ulira_paths])
+    frames = [pd.read_parquet(p) for p in metric_paths]
+    expected = [c for c in VALUE_COLUMNS if c not in ULIRA_COLUMNS]
+    stale = [p for p, frame in zip(metric_paths, frames) if not set(expected) <= set(frame.columns)]
+    if stale:  # written by an older version whose rows lack a metric (e.g. svm_asr); the rule cannot see that
+        raise ValueError(f"{len(stale)} experiment file(s) lack metric columns this version writes, e.g. {stale[0]}; "
+                         "rerun them: snakemake --forcerun recognizer_experiment recognizer_tuned_experiment ...")
+    rows = with_ulira(pd.concat(frames, ignore_index=True), [pd.read_parquet(p) for p in ulira_paths])
     rows = rows.sort_values(["task", "dataset", "experiment", "method", "setting"], kind="stable")
     rows = rows.reset_index(drop=True)
     keys = ["task", "dataset", "experiment", "seed", "forget_identity", "method", "setting"]
