@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import REPO
 from idunlearn.__main__ import main
-from idunlearn.config import load_config, run_config
+from idunlearn.config import ConfigError, load_config, run_config
 from idunlearn.experiment import load_generator
 from idunlearn.models.arc2face import tiny_arc2face
 from idunlearn.models.export import (BaseMismatchError, export_unet, install_unet, read_delta, unet_folder_files,
@@ -116,3 +116,23 @@ def test_unet_hash_is_sha256_over_sorted_names_shapes_and_float32_values():
     module.register_parameter("a", torch.nn.Parameter(torch.tensor([[0.5]], dtype=torch.float16)))
     expected = hashlib.sha256(b"a\x001,1\x00" + struct.pack("<f", 0.5) + b"b\x002\x00" + struct.pack("<2f", 1.0, -2.5))
     assert unet_sha256(module) == expected.hexdigest()
+
+
+def _config(tmp_path, external):
+    return load_config(REPO / "config" / "config.yaml", {"results_dir": str(tmp_path / "results"),
+                                                         "evaluation": {"external": external}})
+
+
+def test_external_models_are_validated_naming_the_key(tmp_path):
+    missing = {"name": "vendor", "unet": str(tmp_path / "nowhere"), "identities": [3]}
+    with pytest.raises(ConfigError, match=r"config key 'evaluation\.external\.0\.unet': .*nowhere does not exist"):
+        _config(tmp_path, [missing])
+    with pytest.raises(ConfigError, match=r"config key 'evaluation\.external\.0': 'identities' is a required"):
+        _config(tmp_path, [{"name": "vendor", "unet": str(tmp_path)}])
+    exported = {"name": "piu.reimported", "unet": str(tmp_path / "results" / "export" / "piu" / "3" / "unet"),
+                "identities": [3]}
+    assert _config(tmp_path, [exported])["evaluation"]["external"] == [exported]  # made by the export rule
+    with pytest.raises(ConfigError, match=r"'evaluation\.external\.1\.name': 'piu\.reimported' is already a run"):
+        _config(tmp_path, [exported, exported])
+    with pytest.raises(ConfigError, match=r"'evaluation\.external\.0\.name': 'piu' is already a run"):
+        _config(tmp_path, [{**exported, "name": "piu"}])
