@@ -25,6 +25,7 @@ include: "rules/aggregate.smk"
 include: "rules/study.smk"
 include: "rules/audit.smk"
 include: "rules/tuning.smk"
+include: "rules/export.smk"
 # Recognizer track (GSUO on classifiers); its target `recognizer` is not part of the default target.
 include: "rules/recognizer.smk"
 

@@ -11,6 +11,8 @@ rule aggregate:
         # paired with the metrics by folder in the script
         after_samples=lambda wc: run_outputs("samples"),
         timings=lambda wc: run_outputs("timings"),
+        external=lambda wc: external_outputs("metrics"),
+        external_samples=lambda wc: external_outputs("samples"),
     output:
         metrics=results("tables", "metrics.parquet"),
         metrics_csv=report(results("tables", "metrics.csv"), category="Tables"),
@@ -23,6 +25,7 @@ rule aggregate:
         costs=report(results("tables", "costs.csv"), category="Tables"),
     params:
         runs={name: run_config(config, name) for name in run_names()},
+        external={name: entry["unet"] for name, entry in external_models().items()},
         seed=config["seed"],
     log:
         logs("aggregate"),

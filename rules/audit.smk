@@ -75,7 +75,7 @@ rule audit_original:
     params:
         probes=config["audit"]["probes"],
         second=config["audit"]["second_recognizer"],
-        evaluation=config["evaluation"],
+        evaluation=evaluation_settings(),
         generator=config["generator"],
         faces=config["faces"],
         device=config["unlearning"]["device"],
@@ -114,13 +114,38 @@ use rule audit_original as audit_unlearned with:
         logs("audit/after/{run}/{identity}"),
 
 
+use rule audit_original as audit_external with:
+    input:
+        unpack(second_recognizer_inputs),
+        unet=external_unet,
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        verification=rules.calibrate_verification.output[0],
+        evaluation=rules.evaluate_external.output.samples,
+        evaluation_images=rules.evaluate_external.output.images,
+        before=rules.evaluate_original.output.samples,
+    output:
+        samples=results("audit", "external", "{external}", "{identity}", "samples.parquet"),
+        rows=results("audit", "external", "{external}", "{identity}", "rows.parquet"),
+    log:
+        logs("audit/external/{external}/{identity}"),
+
+
 rule audit_tables:
     input:
         verification=rules.calibrate_verification.output[0],
-        before=lambda wc: expand(rules.audit_original.output.rows,
-                                 identity=sorted({identity for _, identity in audited_pairs()})),
+        before=lambda wc: expand(rules.audit_original.output.rows, identity=sorted(
+            {identity for _, identity in audited_pairs() + audited_external_pairs()})),
+        # the run (or external model) name is the rows' folder name
         after=lambda wc: [expand(rules.audit_unlearned.output.rows, run=run, identity=identity)[0]
-                          for run, identity in audited_pairs()],
+                          for run, identity in audited_pairs()]
+        + [expand(rules.audit_external.output.rows, external=name, identity=identity)[0]
+           for name, identity in audited_external_pairs()],
     output:
         table=results("tables", "audit.parquet"),
         csv=report(results("tables", "audit.csv"), category="Forgetting audit"),

@@ -5,6 +5,7 @@ import os
 import pandas as pd
 
 from idunlearn.config import controllable_runs, epsilon_boundary_runs, run_config, tuned_base, validate_config
+from idunlearn.models.export import unet_folder_files, unet_source_files
 from idunlearn.tuning import tuning_settings
 
 # Validates the config against the package's JSON schema and fills in defaults; errors name the bad key.
@@ -14,6 +15,7 @@ validate_config(config)
 wildcard_constraints:
     identity=r"\d+",
     run=r"[A-Za-z0-9_.-]+",
+    external=r"[A-Za-z0-9_.-]+",
 
 DATA = config["data_dir"]
 RESULTS = config["results_dir"]
@@ -38,6 +40,12 @@ def generator_files():
         return []
     folder = config["generator"]["mini"]["checkpoint"]
     return [os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")]
+
+
+def evaluation_settings():
+    """The evaluation section as the evaluation jobs' params: without ``external`` (which models are evaluated is no
+    setting of a job), so that adding an external model leaves every cached evaluation and audit job valid."""
+    return {key: value for key, value in config["evaluation"].items() if key != "external"}
 
 
 def quality_model():
@@ -82,11 +90,21 @@ def get_final_outputs(wildcards):
 
 def audited_pairs():
     """(run, forget identity) of every unlearning job the audit covers (config ``audit.runs``; null: all)."""
+    return [(run, identity) for run, identity in run_identity_pairs() if audited(run)]
+
+
+def audited_external_pairs():
+    """(external model, forget identity) of every external model the audit covers (config ``audit.runs``)."""
+    return [(name, identity) for name, identity in external_identity_pairs() if audited(name)]
+
+
+def audited(name):
     runs = config["audit"]["runs"]
-    unknown = sorted(set(runs or []) - set(run_names()))
+    unknown = sorted(set(runs or []) - set(run_names()) - set(external_models()))
     if unknown:
-        raise ValueError(f"config key 'audit.runs': unknown run(s) {unknown}; known: {run_names()}")
-    return [(run, identity) for run, identity in run_identity_pairs() if runs is None or run in runs]
+        raise ValueError(f"config key 'audit.runs': unknown run(s) {unknown}; known: {run_names()} and the "
+                         f"external models {list(external_models())}")
+    return runs is None or name in runs
 
 
 def second_recognizer_models_dir():
@@ -129,6 +147,35 @@ def run_identity_pairs():
     identities = forget_identities()
     return [(run, identity) for run in run_names()
             for identity in identities[:run_config(config, run)["n_identities"] or len(identities)]]
+
+
+def external_models():
+    """Name -> entry of every model made elsewhere (config ``evaluation.external``), evaluated without unlearning."""
+    return {entry["name"]: entry for entry in config["evaluation"]["external"]}
+
+
+def external_unet(wildcards):
+    """An external model's UNet files (a delta, or a diffusers folder's config and weights): its jobs' input."""
+    return unet_source_files(external_models()[wildcards.external]["unet"])
+
+
+def external_identity_pairs():
+    """(external model, forget identity) of every external evaluation; the identities must be selected ones."""
+    identities, pairs = forget_identities(), []
+    for index, entry in enumerate(config["evaluation"]["external"]):
+        unknown = sorted(set(entry["identities"]) - set(identities))
+        if unknown:
+            raise ValueError(f"config key 'evaluation.external.{index}.identities': {unknown} are not forget "
+                             f"identities of the selection {identities} ({results('selection', 'selections.csv')})")
+        pairs += [(entry["name"], identity) for identity in entry["identities"]]
+    return pairs
+
+
+def external_outputs(kind):
+    """Paths of every external model x identity for one output of evaluate_external."""
+    pattern = {"metrics": rules.evaluate_external.output.metrics,
+               "samples": rules.evaluate_external.output.samples}[kind]
+    return [expand(pattern, external=name, identity=identity)[0] for name, identity in external_identity_pairs()]
 
 
 def tuning_identities():

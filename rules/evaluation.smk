@@ -16,7 +16,7 @@ rule evaluate_original:
         metrics=results("evaluation", "before", "{identity}", "metrics.json"),
         images=results("evaluation", "before", "{identity}", "images.npz"),
     params:
-        evaluation=config["evaluation"],
+        evaluation=evaluation_settings(),
         generator=config["generator"],
         faces=config["faces"],
         device=config["unlearning"]["device"],
@@ -51,3 +51,23 @@ use rule evaluate_original as evaluate_unlearned with:
         images=results("evaluation", "after", "{run}", "{identity}", "images.npz"),
     log:
         logs("evaluate/after/{run}/{identity}"),
+
+
+# a model made elsewhere (config evaluation.external): its UNet in the configured generator, at the selection's anchor
+use rule evaluate_original as evaluate_external with:
+    input:
+        unet=external_unet,
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        quality=quality_model(),
+    output:
+        samples=results("evaluation", "external", "{external}", "{identity}", "samples.parquet"),
+        metrics=results("evaluation", "external", "{external}", "{identity}", "metrics.json"),
+        images=results("evaluation", "external", "{external}", "{identity}", "images.npz"),
+    log:
+        logs("evaluate/external/{external}/{identity}"),

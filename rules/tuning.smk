@@ -65,7 +65,7 @@ use rule evaluate_original as tune_evaluate_original with:
         metrics=results("tuning", "evaluation", "before", "{identity}", "metrics.json"),
         images=results("tuning", "evaluation", "before", "{identity}", "images.npz"),
     params:
-        evaluation=config["evaluation"],
+        evaluation=evaluation_settings(),
         generator=config["generator"],
         faces=config["faces"],
         device=config["unlearning"]["device"],

@@ -20,6 +20,8 @@ import torch
 import yaml
 
 from conftest import REPO
+from idunlearn.experiment import load_generator
+from idunlearn.models.export import unet_sha256
 from workflow_harness import SNAKEMAKE, jobs_run, prepare_workdir, snakemake
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -123,7 +125,7 @@ def _jobs(proc) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for rule, wildcards in jobs_run(proc):
         wc = dict(part.split("=", 1) for part in wildcards.split(", ") if "=" in part)
-        key = "/".join(wc[k] for k in ("run", "identity") if k in wc)
+        key = "/".join(wc[k] for k in ("run", "external", "identity") if k in wc)
         out.setdefault(rule, []).append(key)
     return {rule: sorted(keys) for rule, keys in out.items()}
 
@@ -274,6 +276,43 @@ def test_one_more_forget_identity_runs_only_its_jobs(two_runs):
                    "all": [""]}, ran
     after = pd.read_csv(workdir / "results" / "tables" / "metrics.csv").set_index("forget_identity")
     pd.testing.assert_series_equal(after.loc[old], before.set_index("forget_identity").loc[old], check_exact=True)
+
+
+RUN_JOBS = {"unlearn", "evaluate_original", "evaluate_unlearned", "audit_original", "audit_unlearned", "sample_grids"}
+
+
+def test_exported_model_reimported_as_an_external_model_equals_its_run(two_runs):
+    workdir = two_runs[1][0]
+    res, identity = workdir / "results", _identity(workdir)
+    export = res / "export" / "piu" / str(identity)
+    # one run exports piu's model and evaluates it as a model made elsewhere (the delta's route into the generator is
+    # checked in test_export.py: it gives the same weights, hash for hash)
+    external = [{"name": "piu.reimported", "unet": str(export / "unet"), "identities": [identity]}]
+    # audit.runs: the run's audit stays, the external model's (minutes) is checked by the dry run below
+    cfg = _config(workdir, "external", {**QUICK, "evaluation": {**QUICK["evaluation"], "external": external},
+                                        "audit": {**QUICK["audit"], "runs": ["piu"]}})
+    ran = _jobs(snakemake(workdir, configfile=cfg))
+    assert ran["export_unlearned"] == [f"piu/{identity}"], ran
+    assert ran["evaluate_external"] == [f"piu.reimported/{identity}"], ran
+    assert not RUN_JOBS & set(ran), ran  # adding an external model leaves the run's cached jobs valid
+    metrics = pd.read_csv(res / "tables" / "metrics.csv").set_index("run")
+    values = [c for c in metrics.columns
+              if not c.startswith("hp_") and c.rsplit("_", 1)[-1] in ("before", "after", "delta")]
+    assert len(values) > 30
+    pd.testing.assert_series_equal(metrics.loc["piu.reimported", values], metrics.loc["piu", values],
+                                   check_names=False, check_exact=True)
+    assert metrics.loc["piu.reimported", "hp_external_unet"] == external[0]["unet"]
+    samples = [pd.read_parquet(res / "evaluation" / folder / str(identity) / "samples.parquet")
+               for folder in ("after/piu", "external/piu.reimported")]
+    pd.testing.assert_frame_equal(samples[1], samples[0], check_exact=True)
+    # the audit of an external model: wired like a run's (a dry run; an audit job costs minutes)
+    audited = _config(workdir, "external_audited", {**QUICK, "evaluation": {**QUICK["evaluation"], "external": external},
+                                                    "audit": {**QUICK["audit"], "runs": ["piu", "piu.reimported"]}})
+    dry = _jobs(snakemake(workdir, "--dry-run", configfile=audited))
+    assert dry["audit_external"] == [f"piu.reimported/{identity}"] and "audit_tables" in dry, dry
+    assert not RUN_JOBS & set(dry), dry
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert manifest["base_unet_sha256"] == unet_sha256(load_generator(QUICK["generator"]).unet)
 
 
 def test_tuning_protocol_chooses_by_its_rule_and_the_tuned_run_uses_the_choice(two_runs):

@@ -1,10 +1,11 @@
 """Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `... benchmark-piu ...`,
-`... benchmark-optimisers ...`."""
+`... benchmark-optimisers ...`, `... apply-delta --base <UNet folder> --delta delta.safetensors --out <folder>`."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from .assets import PackageAsset, fetch_package
 from .bench_cli import HELP as BENCHMARK_HELP
@@ -37,17 +38,37 @@ def fetch_assets(configfile: str) -> None:
         print(f"{spec['package']} {spec['version']}: {path}")
 
 
+def apply_delta_command(base: str, delta: str, out: str) -> None:
+    """Apply an exported delta to its base UNet (a diffusers UNet folder, e.g. Arc2Face's arc2face/, or a mini
+    Arc2Face checkpoint) and save the result as a diffusers UNet folder; a base with another hash is refused."""
+    from .models.export import BaseMismatchError, apply_delta, load_base_unet, unet_sha256
+
+    unet = load_base_unet(base)
+    try:
+        apply_delta(unet, delta)
+    except BaseMismatchError as err:
+        sys.exit(f"apply-delta: refused: {err}")
+    unet.save_pretrained(out, safe_serialization=True)
+    print(f"{out}: unlearned UNet, sha256 {unet_sha256(unet)}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="idunlearn")
     sub = parser.add_subparsers(dest="command", required=True)
     fetch = sub.add_parser("fetch-assets", help=fetch_assets.__doc__)
     fetch.add_argument("--configfile", default="config/config.yaml")
+    delta = sub.add_parser("apply-delta", help=apply_delta_command.__doc__)
+    delta.add_argument("--base", required=True, help="the base UNet: diffusers UNet folder or mini checkpoint folder")
+    delta.add_argument("--delta", required=True, help="delta.safetensors from `snakemake export`")
+    delta.add_argument("--out", required=True, help="folder for the unlearned UNet (diffusers save_pretrained)")
     add_benchmark_arguments(sub.add_parser("benchmark-piu", help=BENCHMARK_HELP))
     add_optimiser_benchmark_arguments(sub.add_parser("benchmark-optimisers", help=OPTIMISER_HELP))
     add_phase_two_arguments(sub.add_parser("benchmark-phase-two", help=PHASE_TWO_HELP))
     args = parser.parse_args(argv)
     if args.command == "fetch-assets":
         fetch_assets(args.configfile)
+    elif args.command == "apply-delta":
+        apply_delta_command(args.base, args.delta, args.out)
     elif args.command == "benchmark-piu":
         run_benchmark(args)
     elif args.command == "benchmark-optimisers":

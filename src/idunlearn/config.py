@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,28 @@ def validate_config(config: dict) -> dict:
                               "declared run")
         if config["tuning"]["study"]:  # the settings come from the tuning's choice (tuning.tuned_settings)
             runs.setdefault(tuned_run_name(base), dict(runs[base]))
+    check_external_models(config)
     return _validate(config)
+
+
+def check_external_models(config: dict) -> None:
+    """Each external model (``evaluation.external``) has a new run name, and its UNet exists or is one the export
+    rule makes (a path under ``<results_dir>/export/``, so that one workflow run can export and re-import)."""
+    export = Path(os.path.abspath(config["results_dir"]), "export")
+    taken = {*config["unlearning"]["runs"], "original"}  # "original": the audit's name of the original model
+    for index, entry in enumerate(config["evaluation"]["external"]):
+        key, path = f"evaluation.external.{index}", Path(os.path.abspath(entry["unet"]))
+        if entry["name"] in taken:
+            raise ConfigError(f"config key '{key}.name': {entry['name']!r} is already a run name (an unlearning run, "
+                              "'original' or an earlier external model); choose another")
+        taken.add(entry["name"])
+        if path.is_file() and path.suffix != ".safetensors":
+            raise ConfigError(f"config key '{key}.unet': {entry['unet']} is neither a diffusers UNet folder nor a "
+                              "delta .safetensors file")
+        if not path.exists() and export not in path.parents:
+            raise ConfigError(f"config key '{key}.unet': {entry['unet']} does not exist; give a diffusers UNet "
+                              "folder or a delta .safetensors file (`snakemake export` writes both under "
+                              f"{config['results_dir']}/export/)")
 
 
 EPSILON_BOUNDARIES = ("highest", "lowest")

@@ -19,17 +19,29 @@ from .models.pretrain import faces_to_training_images
 from .unlearning.base import UnlearningData
 
 
-def load_generator(cfg: dict, device: str = "cpu") -> IdentityGenerator:
-    """The generator named by the ``generator`` config section."""
+def load_generator(cfg: dict, device: str = "cpu", changed: str | None = None, unet=None) -> IdentityGenerator:
+    """The generator named by the ``generator`` config section; with ``changed``, an unlearning run's changed
+    parameters applied, with ``unet``, an external UNet installed (a delta file, or a diffusers folder or its files:
+    ``models.export.install_unet``)."""
     if cfg["backend"] == "mini":
         from .models.mini import load_mini_generator
 
-        return load_mini_generator(cfg["mini"]["checkpoint"], device)
-    if cfg["backend"] == "arc2face":
+        generator = load_mini_generator(cfg["mini"]["checkpoint"], device)
+    elif cfg["backend"] == "arc2face":
         from .models.arc2face import load_arc2face
 
-        return load_arc2face(device=device)
-    raise ValueError(f"generator.backend {cfg['backend']!r} is unknown: use 'mini' or 'arc2face'")
+        generator = load_arc2face(device=device)
+    else:
+        raise ValueError(f"generator.backend {cfg['backend']!r} is unknown: use 'mini' or 'arc2face'")
+    if changed is not None:
+        from .unlearning.runner import apply_changed_parameters
+
+        apply_changed_parameters(generator, changed)
+    if unet is not None:
+        from .models.export import install_unet, unet_source
+
+        install_unet(generator, unet_source(unet))
+    return generator
 
 
 def run_selection(selection: dict, run: dict, centroids: pd.DataFrame) -> dict:

@@ -19,21 +19,31 @@ def counts_by_folder(paths) -> dict:
 with stage_log(snakemake.log[0], "aggregate") as log:
     i, out, runs = snakemake.input, snakemake.output, snakemake.params.runs
     selections = pd.read_parquet(i.selections).set_index("forget_identity", drop=False)
-    before, before_counts, folder_counts = {}, {}, counts_by_folder([*i.before_samples, *i.after_samples])
+    before, before_counts, folder_counts = {}, {}, counts_by_folder(
+        [*i.before_samples, *i.after_samples, *i.external_samples])
     for path in i.before:
         metrics = read_json(path)
         before[metrics["forget_identity"]] = metrics
         before_counts[metrics["forget_identity"]] = folder_counts[Path(path).parent]
     rows, costs, counts = [], [], []
-    for after_path, timings_path in zip(i.after, i.timings):
-        after, timings = read_json(after_path), read_json(timings_path)
-        run, identity = timings["run_name"], after["forget_identity"]
-        experiment = {**selections.loc[identity].to_dict(), **timings["anchor"]}  # the run's own anchor
-        # the settings the job ran with (a <run>.tuned run's chosen setting, a Phase II run's epsilon)
-        rows.append({**metrics_row(run, timings["run"], experiment, before[identity], after, METRIC_KEYS),
+    # unlearning runs: settings and anchor from the job's timings; external models (evaluation.external, named by
+    # their folder): the UNet's source as their only setting, the selection's anchor, no cost
+    jobs = [(timings["run_name"], a, timings) for a, timings in zip(i.after, map(read_json, i.timings))]
+    jobs += [(Path(a).parent.parent.name, a, None) for a in i.external]
+    for run, after_path, timings in jobs:
+        after = read_json(after_path)
+        identity = after["forget_identity"]
+        experiment = selections.loc[identity].to_dict()
+        if timings is None:
+            settings = {"external_unet": snakemake.params.external[run]}
+        else:
+            experiment.update(timings["anchor"])  # the run's own anchor
+            # the settings the job ran with (a <run>.tuned run's chosen setting, a Phase II run's epsilon)
+            settings = timings["run"]
+            costs.append({"run": run, "forget_identity": identity,
+                          **{k: timings[k] for k in ("steps", "trainable_parameters", "seconds_per_step")}})
+        rows.append({**metrics_row(run, settings, experiment, before[identity], after, METRIC_KEYS),
                      "kd_features": after["kd_features"], "quality_measure": after["quality_measure"]})
-        costs.append({"run": run, "forget_identity": identity,
-                      **{k: timings[k] for k in ("steps", "trainable_parameters", "seconds_per_step")}})
         for phase, c in (("before", before_counts[identity]), ("after", folder_counts[Path(after_path).parent])):
             counts.append({"run": run, "phase": phase, "forget_identity": identity, **c})
     metrics = pd.DataFrame(rows).sort_values(["run", "forget_identity"]).reset_index(drop=True)

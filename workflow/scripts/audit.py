@@ -13,15 +13,12 @@ from idunlearn.faces import build_face_analyser
 from idunlearn.faces.dlib_descriptor import DlibDescriptor
 from idunlearn.io import read_json, write_parquet
 from idunlearn.runlog import stage_log
-from idunlearn.unlearning.runner import apply_changed_parameters
 
 with stage_log(snakemake.log[0], "audit") as log:
     torch.set_num_threads(snakemake.threads)
     i, p, out = snakemake.input, snakemake.params, snakemake.output
     selection, centroids = read_json(i.selection), pd.read_parquet(i.centroids)
-    generator = load_generator(p.generator, p.device)
-    if "changed" in i.keys():
-        apply_changed_parameters(generator, i.changed)
+    generator = load_generator(p.generator, p.device, **{k: i[k] for k in ("changed", "unet") if k in i.keys()})
     faces, labels, manifest = pd.read_parquet(i.faces), pd.read_parquet(i.labels), pd.read_parquet(i.manifest)
     tau, analyser = read_json(i.verification)["tau"], build_face_analyser(p.faces, i.models)
     probes = probe_set(selection, faces, centroids, p.probes, p.seed)

@@ -9,7 +9,6 @@ from idunlearn.experiment import build_features, load_generator, reference_featu
 from idunlearn.faces import build_face_analyser
 from idunlearn.io import atomic_path, read_json, write_json, write_parquet
 from idunlearn.runlog import stage_log
-from idunlearn.unlearning.runner import apply_changed_parameters
 
 with stage_log(snakemake.log[0], "evaluate") as log:
     torch.set_num_threads(snakemake.threads)
@@ -19,9 +18,9 @@ with stage_log(snakemake.log[0], "evaluate") as log:
         selection.update(read_json(i.timings)["anchor"])
     manifest, faces = pd.read_parquet(i.manifest), pd.read_parquet(i.faces)
     labels, centroids = pd.read_parquet(i.labels), pd.read_parquet(i.centroids)
-    generator = load_generator(p.generator, p.device)
-    if "changed" in i.keys():
-        apply_changed_parameters(generator, i.changed)
+    # the original model, an unlearning run's (input changed) or an external model's (input unet; selection's anchor)
+    model = {k: i[k] for k in ("changed", "unet") if k in i.keys()}
+    generator = load_generator(p.generator, p.device, **model)
     analyser = build_face_analyser(p.faces, i.models)
     features, quality = build_features(cfg["kd"], analyser), build_quality(cfg["quality"])
     eval_set = evaluation_set(selection, faces, labels, cfg["n_forget_samples"], cfg["n_retain_samples"], p.seed)
@@ -31,7 +30,7 @@ with stage_log(snakemake.log[0], "evaluate") as log:
                                                                     features), cfg)
     log.info("metrics: %s", metrics)
     arrays = {"samples": images, "sample_ids": scored["sample_id"].to_numpy(str)}
-    if "changed" not in i.keys():
+    if not model:
         arrays["anchor"] = anchor_images(generator, eval_set, centroids, selection["anchor_identity"], cfg)
     with atomic_path(out.images) as tmp:
         with open(tmp, "wb") as handle:
