@@ -96,7 +96,8 @@ def aggregated(tmp_path):
     ev, tables = tmp_path / "evaluation", tmp_path / "tables"
     hits = {("before", 1): (9, 8), ("before", 2): (10, 9), ("before", 3): (7, 10),
             ("a", 1): (0, 8), ("a", 2): (3, 6), ("a", 3): (1, 9), ("b", 1): (5, 5), ("b", 2): (0, 2)}
-    inputs = {"before": [], "before_samples": [], "after": [], "after_samples": [], "timings": []}
+    inputs = {"before": [], "before_samples": [], "after": [], "after_samples": [], "timings": [], "external": [],
+              "external_samples": []}
     for (run, identity), (f_hits, r_hits) in hits.items():
         folder = ev / "before" / str(identity) if run == "before" else ev / "after" / run / str(identity)
         folder.mkdir(parents=True)
@@ -118,7 +119,7 @@ def aggregated(tmp_path):
              "summary_long.csv", "summary.md", "summary.rst", "costs.csv"]
     smk = SimpleNamespace(input=SimpleNamespace(selections=str(selections), **inputs),
                           output=SimpleNamespace(**{n: str(tables / f) for n, f in zip(names, files)}),
-                          params=SimpleNamespace(runs={"a": {"steps": 2}, "b": {"steps": 3}}, seed=42),
+                          params=SimpleNamespace(runs={"a": {"steps": 2}, "b": {"steps": 3}}, seed=42, external={}),
                           log=[str(tmp_path / "aggregate.log")])
     runpy.run_path(str(REPO / "workflow" / "scripts" / "aggregate.py"), init_globals={"snakemake": smk})
     return tmp_path, hits
