@@ -3,6 +3,9 @@ the Phase I boundary runs, and the Pareto table and plot of the whole sweep."""
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -12,7 +15,9 @@ import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from .evaluation.aggregate import mean_ci  # noqa: E402
+from .unlearning import build_method  # noqa: E402
 from .unlearning.optimisers import epsilon_at  # noqa: E402
+from .unlearning.runner import unlearn  # noqa: E402
 
 TAIL = 0.1  # the last 10% of steps: the objectives "at the end of training", averaged over batches
 PARETO_METRICS = ["ism_forget_after", "ism_retain_after", "srk_identity_after", "kd_forget_delta", "kd_retain_delta"]
@@ -110,12 +115,6 @@ def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fracti
     (one seed). One row per beta: epsilon, the spacing of the paper's grid (``spacing_fraction`` of the f1 range),
     f1 at the end (``final_objective``), the distance in spacings, the violation [f1 - epsilon]+ (what the paper's
     Lemma 7 bounds) and f1's mean over each tenth of the steps."""
-    import copy
-    from pathlib import Path
-
-    from .unlearning import build_method
-    from .unlearning.runner import unlearn
-
     def losses(name: str, **settings) -> pd.DataFrame:
         return unlearn(copy.deepcopy(generator), build_method(run["method"], run), data, {**run, **settings},
                        Path(workdir) / f"{name}.pt", seed=seed)[0]
