@@ -13,6 +13,8 @@ rule aggregate:
         timings=lambda wc: run_outputs("timings"),
         external=lambda wc: external_outputs("metrics"),
         external_samples=lambda wc: external_outputs("samples"),
+        # the audit's headline joins summary.md when the audit is in the default target
+        audit=lambda wc: [results("tables", "audit_summary.md")] if config["audit"]["default_target"] else [],
     output:
         metrics=results("tables", "metrics.parquet"),
         metrics_csv=report(results("tables", "metrics.csv"), category="Tables"),

@@ -111,6 +111,9 @@ def aggregated(tmp_path):
                         "steps": 2, "trainable_parameters": 3, "seconds_per_step": 0.5}, folder / "timings.json")
             inputs["timings"].append(str(folder / "timings.json"))
     inputs["after_samples"].reverse()  # paired with the metrics by folder, not by position
+    audit_md = tmp_path / "audit_summary.md"  # the audit's headline, as audit_tables writes it
+    audit_md.write_text("# Forgetting audit\n\n| run | identities | FA (evaluation) |\n|---|---|---|\n| original | 3 | 0.94 |\n")
+    inputs["audit"] = [str(audit_md)]
     selections = tmp_path / "selections.parquet"
     pd.DataFrame({"forget_identity": [1, 2, 3], "n_forget_train": [6, 6, 6]}).to_parquet(selections)
     names = ["metrics", "metrics_csv", "counts", "summary", "summary_csv", "summary_long", "summary_md",
@@ -123,6 +126,12 @@ def aggregated(tmp_path):
                           log=[str(tmp_path / "aggregate.log")])
     runpy.run_path(str(REPO / "workflow" / "scripts" / "aggregate.py"), init_globals={"snakemake": smk})
     return tmp_path, hits
+
+
+def test_summary_md_carries_the_audit_headline_after_the_metrics(aggregated):
+    text = (aggregated[0] / "tables" / "summary.md").read_text()
+    assert text.startswith("# What was forgotten") and text.count("\n# ") == 0
+    assert text.index("| run | phase |") < text.index("## Forgetting audit") < text.index("| original | 3 | 0.94 |")
 
 
 def test_summary_long_pooled_srk_recomputed_from_the_per_sample_files(aggregated):

@@ -170,6 +170,12 @@ def test_audit_rows_tables_and_markdown():
     assert summary.loc[("piu", "evaluation", "forget", "fa"), "mean"] == 0.0
     text = audit_markdown(summary.reset_index(), {"tau": 0.5, "far_target": 0.01, "far_heldout": 0.008})
     assert text.index("| original |") < text.index("| piu |") and "| Leak@1 | Leak@4 |" in text
+    assert "attack success |" not in text  # the light audit (no attack probe) shows no attack columns
+    attacked = pd.concat([summary.reset_index(), pd.DataFrame([{"run": "piu", "probe": "attack", "setting": "best",
+                          "metric": m, "mean": 0.5, "ci_low": 0.4, "ci_high": 0.6, "n_identities": 1}
+                          for m in ("fa", "ism")])])
+    assert "| attack success | attack ISM |" in audit_markdown(attacked, {"tau": 0.5, "far_target": 0.01,
+                                                                          "far_heldout": 0.008})
 
 
 def test_unknown_probe_or_malformed_setting_stops_at_config_validation():

@@ -22,7 +22,7 @@ import yaml
 from conftest import REPO
 from idunlearn.experiment import load_generator
 from idunlearn.models.export import unet_sha256
-from workflow_harness import SNAKEMAKE, jobs_run, prepare_workdir, snakemake
+from workflow_harness import CORES, SNAKEMAKE, jobs_run, prepare_workdir, snakemake
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -184,7 +184,7 @@ def test_killed_unlearning_job_resumes_and_ends_where_the_uninterrupted_run_did(
     for path in downstream:
         path.unlink()
     # run the workflow (QUICK: 6 steps, a resume point every 3) and kill everything once step 3 is saved
-    cmd = [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", "2",
+    cmd = [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *CORES,
            "--configfile", str(cfg)]
     with open(tmp_path / "killed.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
@@ -246,9 +246,9 @@ def test_new_run_and_one_changed_hyperparameter_rerun_only_that_runs_jobs(two_ru
         return _config(workdir, f"two_runs_{lam}", {**QUICK, "unlearning": {"runs": {
             "piu": piu, "piu_low": {**piu, "lambda": lam}}}})
 
+    # the audit covers piu only (config.yaml's audit.runs): a new run adds no audit job
     only_piu_low = {"unlearn": [f"piu_low/{identity}"], "evaluate_unlearned": [f"piu_low/{identity}"],
-                    "sample_grids": [f"piu_low/{identity}"], "audit_unlearned": [f"piu_low/{identity}"],
-                    "aggregate": [""], "audit_tables": [""], "all": [""]}
+                    "sample_grids": [f"piu_low/{identity}"], "aggregate": [""], "all": [""]}
     assert _jobs(snakemake(workdir, configfile=two_runs_config(1.0))) == only_piu_low  # a new run: only its jobs
     # one hyperparameter of one run changed: that run's unlearning, evaluation and grids, and the tables
     dry = snakemake(workdir, "--dry-run", configfile=two_runs_config(2.0))

@@ -14,6 +14,9 @@ import yaml
 from conftest import ASSET_CACHE, REPO
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+# Two one-thread jobs side by side: the test world's jobs are small, so most of a job's time is its Python start and
+# imports, which one thread does; every test run uses the same setting, so byte-for-byte comparisons hold.
+CORES = ["--cores", "2", "--max-threads", "1"]
 
 
 def prepare_workdir(workdir: Path, overrides: dict | None = None, base: str = "config.yaml") -> Path:
@@ -36,7 +39,7 @@ def prepare_workdir(workdir: Path, overrides: dict | None = None, base: str = "c
 def snakemake(workdir: Path, *args: str, configfile: Path | None = None, check: bool = True,
               timeout: int = 1200) -> subprocess.CompletedProcess:
     # --configfile takes several values: it goes last, after the targets
-    cmd = [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", "2", *args,
+    cmd = [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *CORES, *args,
            "--configfile", str(configfile or workdir / "config" / "config.yaml")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)

@@ -60,8 +60,9 @@ with stage_log(snakemake.log[0], "aggregate") as log:
     write_parquet(summary, out.summary)
     write_csv(summary, out.summary_csv)
     write_csv(long, out.summary_long)
+    audit = [Path(p).read_text().replace("# Forgetting audit", "## Forgetting audit", 1) for p in i.audit]
     with atomic_path(out.summary_md) as tmp:
-        tmp.write_text(summary_markdown(long, primary, identities))
+        tmp.write_text("\n".join([summary_markdown(long, primary, identities), *audit]))
     with atomic_path(out.summary_rst) as tmp:
         tmp.write_text(summary_rst(long, primary, identities))
     write_csv(pd.DataFrame(costs).sort_values(["run", "forget_identity"]), out.costs)

@@ -61,9 +61,10 @@ def headline(summary: pd.DataFrame) -> list[tuple[str, str, str, str]]:
                ("relearning_control", f"k={relearn[-1]}", "gain", f"control ISM gain (k={relearn[-1]})")]
               if relearn else []),
             *([("trajectory", f"t={noised[-1]}", "ism", f"trajectory ISM (t={noised[-1]})")] if noised else []),
-            ("attack", "best", "fa", "attack success"), ("attack", "best", "ism", "attack ISM"),
-            *([("attack", "best", "fa_second", "attack success (2nd recognizer)")] if second else []),
-            ("attack_control", "best", "fa", "attack success (control identity)"),
+            *([("attack", "best", "fa", "attack success"), ("attack", "best", "ism", "attack ISM"),
+               *([("attack", "best", "fa_second", "attack success (2nd recognizer)")] if second else []),
+               ("attack_control", "best", "fa", "attack success (control identity)")]
+              if (summary["probe"] == "attack").any() else []),  # the light audit runs no attack
             ("evaluation", "retain", "verified", "retain verified")]
 
 
