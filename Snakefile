@@ -26,6 +26,8 @@ include: "rules/study.smk"
 include: "rules/audit.smk"
 include: "rules/tuning.smk"
 include: "rules/export.smk"
+# Forgetting many people (joint and sequential unlearning); its target `many` is not part of the default target.
+include: "rules/many.smk"
 # Recognizer track (GSUO on classifiers); its target `recognizer` is not part of the default target.
 include: "rules/recognizer.smk"
 

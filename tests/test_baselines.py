@@ -85,9 +85,10 @@ def test_uce_erase_set_includes_dirichlet_mixtures_of_the_forget_embeddings(tmp_
     """PIU appendix C.2.2: E holds the forget embeddings and their linear combinations (uce_erase_mixtures)."""
     base, data = tiny_generator(), tiny_data()
     run = {**BASE, "uce_erase_mixtures": 4}
-    erase_emb = build_method("uce", run).erase_embeddings(data.forget_train, np.random.default_rng(1))
+    erase_emb, groups = build_method("uce", run).erase_embeddings(data, np.random.default_rng(1))
     plain = np.asarray(data.forget_train, np.float32)
     assert len(erase_emb) == len(plain) + 4 and np.array_equal(erase_emb[:len(plain)], plain)
+    assert not groups.any()  # one forget identity: every row is guided to its anchor
     # each mixture is a unit vector with non-negative weights over the forget embeddings (least squares recovers them)
     weights = np.linalg.lstsq(plain.T.astype(np.float64), erase_emb[len(plain):].T.astype(np.float64), rcond=None)[0]
     assert np.allclose(np.linalg.norm(erase_emb[len(plain):], axis=1), 1.0, atol=1e-5) and (weights > -1e-5).all()

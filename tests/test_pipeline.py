@@ -344,3 +344,37 @@ def test_tuning_protocol_chooses_by_its_rule_and_the_tuned_run_uses_the_choice(t
     assert (timings["run"]["lr"], timings["run"]["steps"]) == (choice["run"]["lr"], 4)
     metrics = pd.read_csv(workdir / "results" / "tables" / "metrics.csv").set_index("run")
     assert metrics.loc["piu.tuned", "hp_lr"] == choice["run"]["lr"]
+
+
+def test_many_identities_jointly_and_in_a_chain_and_a_changed_identity_reruns_only_its_steps(two_runs):
+    workdir = two_runs[1][0]
+    res, identity = workdir / "results", _identity(workdir)
+    many = {"run": "piu", "joint_sizes": [1, 2], "sequential_length": 2}
+    ran = _jobs(snakemake(workdir, "many", configfile=_config(workdir, "many", {**QUICK, "many": many})))
+    assert len(ran["many_unlearn_joint"]) == 2 and len(ran["many_unlearn_step"]) == 2, ran
+    assert "unlearn" not in ran and "evaluate_unlearned" not in ran  # the study's jobs are not touched
+    # N = 1 (and the chain's first step) is the ordinary unlearn job of the same run and identity, byte for byte
+    single = (res / "unlearning" / "piu" / str(identity) / "changed_parameters.safetensors").read_bytes()
+    for job in ("joint/n1", "sequential/step1"):
+        assert (res / "many" / "piu" / job / "changed_parameters.safetensors").read_bytes() == single, job
+    joint, chain = (pd.read_csv(res / "tables" / f"many_{mode}.csv") for mode in ("joint", "sequential"))
+    ids = chain.loc[chain["size"] == 2, "identity"].tolist()
+    assert ids[0] == identity and joint.groupby("size")["identity"].apply(list).to_dict() == {1: ids[:1], 2: ids}
+    assert {"fa_forget", "ism_forget_before", "ism_retain", "srk_pooled", "seconds_total"} <= set(chain.columns)
+    assert chain.groupby("size")["steps_total"].first().tolist() == [6, 12]
+    for mode in ("joint", "sequential"):
+        assert (res / "figures" / f"many_{mode}.png").stat().st_size > 0
+    # another second identity: only the jobs that hold it rerun (chain step 2, joint N = 2, its before evaluation)
+    other = next(i for i in pd.read_parquet(res / "many" / "selection" / "order.parquet")["forget_identity"]
+                 if i not in ids)
+    changed = _config(workdir, "many_changed", {**QUICK, "many": {**many, "identities": [ids[0], int(other)]}})
+    dry = {(rule, wildcards) for rule, wildcards in jobs_run(snakemake(workdir, "many", "--dry-run",
+                                                                       configfile=changed))}
+    assert dry == {("many_unlearn_step", "run=piu, step=2"), ("many_evaluate_step", "run=piu, step=2"),
+                   ("many_unlearn_joint", "run=piu, n=2"), ("many_evaluate_joint", "run=piu, n=2"),
+                   ("many_evaluate_before", f"identity={other}"), ("many_tables", ""), ("many", "")}, dry
+    # a longer chain adds its steps only
+    longer = _config(workdir, "many_longer", {**QUICK, "many": {**many, "sequential_length": 3}})
+    dry = {(rule, wildcards) for rule, wildcards in jobs_run(snakemake(workdir, "many", "--dry-run",
+                                                                       configfile=longer))}
+    assert {w for r, w in dry if r.startswith("many_unlearn")} == {"run=piu, step=3"}, dry

@@ -16,7 +16,9 @@ from .evaluation.generation import to_uint8_images
 from .identities import centroid_lookup
 from .models.generator import IdentityGenerator, unit_rgb
 from .models.pretrain import faces_to_training_images
+from .unlearning import build_method
 from .unlearning.base import UnlearningData
+from .unlearning.runner import unlearn
 
 
 def load_generator(cfg: dict, device: str = "cpu", changed: str | None = None, unet=None) -> IdentityGenerator:
@@ -54,31 +56,59 @@ def run_selection(selection: dict, run: dict, centroids: pd.DataFrame) -> dict:
     return {**selection, **anchor_for_tau(selection, centroids, run["anchor_tau"])}
 
 
-def unlearning_data(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame, centroids: pd.DataFrame,
+def unlearning_data(selection: dict | list[dict], faces: pd.DataFrame, labels: pd.DataFrame, centroids: pd.DataFrame,
                     latents_of: tuple[pd.DataFrame, IdentityGenerator] | None = None,
                     recognizer: torch.nn.Module | None = None) -> UnlearningData:
     """Forget-train embeddings, the retain-train pool, the anchor centroid and the other retain-train centroids of
     one experiment; with ``latents_of`` = (manifest, generator) also the forget-train, retain-train and anchor
-    images as clean latents of that generator (``real_latents``), row for row with the embeddings."""
+    images as clean latents of that generator (``real_latents``), row for row with the embeddings.
+
+    A list of selections (joint unlearning, sharing their retain-train identities) gives one forget group per
+    selection, each with its own anchor; the other retain-train centroids then leave out every anchor, and there are
+    no anchor images (the methods that need them unlearn one identity at a time). A list of one is one selection."""
+    selections = [selection] if isinstance(selection, dict) else list(selection)
+    retain = selections[0]["retain_train_identities"]
+    if any(s["retain_train_identities"] != retain for s in selections):
+        raise ValueError("joint unlearning: the selections must share their retain-train identities "
+                         "(idunlearn.many.job_selections builds them so)")
     emb = ok_embeddings(faces)
-    retain_ids = sorted(labels.loc[labels["identity"].isin(selection["retain_train_identities"]), "image_id"])
+    retain_ids = sorted(labels.loc[labels["identity"].isin(retain), "image_id"])
     cents = centroid_lookup(centroids)
-    anchor = selection["anchor_identity"]
+    anchors = [s["anchor_identity"] for s in selections]
+    forget_images = [image for s in selections for image in s["forget_train_images"]]
     data = UnlearningData(
-        forget_train=np.stack(emb.loc[selection["forget_train_images"]].to_numpy()).astype(np.float32),
+        forget_train=np.stack(emb.loc[forget_images].to_numpy()).astype(np.float32),
         retain_train=np.stack(emb.loc[retain_ids].to_numpy()).astype(np.float32),
-        anchor_centroid=cents[anchor].astype(np.float32),
-        retain_centroids=np.stack([cents[j] for j in sorted(selection["retain_train_identities"])
-                                   if j != anchor]).astype(np.float32),
+        anchor_centroid=cents[anchors[0]].astype(np.float32),
+        retain_centroids=np.stack([cents[j] for j in sorted(retain) if j not in anchors]).astype(np.float32),
         recognizer=recognizer,
     )
+    if len(selections) > 1:
+        data.forget_groups = np.repeat(np.arange(len(selections)), [len(s["forget_train_images"]) for s in selections])
+        data.anchor_centroids = np.stack([cents[a] for a in anchors]).astype(np.float32)
     if latents_of is not None:
         manifest, generator = latents_of
-        anchor_ids = sorted(labels.loc[labels["identity"] == anchor, "image_id"])
-        data.forget_latents = real_latents(generator, manifest, faces, selection["forget_train_images"])
+        data.forget_latents = real_latents(generator, manifest, faces, forget_images)
         data.retain_latents = real_latents(generator, manifest, faces, retain_ids)
-        data.anchor_latents = data.retain_latents[np.searchsorted(retain_ids, anchor_ids)]
+        if len(selections) == 1:
+            anchor_ids = sorted(labels.loc[labels["identity"] == anchors[0], "image_id"])
+            data.anchor_latents = data.retain_latents[np.searchsorted(retain_ids, anchor_ids)]
     return data
+
+
+def unlearn_selection(generator: IdentityGenerator, run: dict, selection: dict | list[dict], faces: pd.DataFrame,
+                      labels: pd.DataFrame, centroids: pd.DataFrame, manifest: pd.DataFrame, faces_cfg: dict,
+                      models_dir, state_path, seed: int) -> tuple[pd.DataFrame, dict]:
+    """Unlearn the experiment ``selection`` (a list: jointly) from ``generator`` in place with the run settings
+    ``run``, gathering what its method needs (real images as latents, a differentiable recognizer; its ``needs``).
+    Returns ``runner.unlearn``'s (loss log, timings)."""
+    method = build_method(run["method"], run)
+    needs = getattr(method, "needs", ())  # real images as latents (SISS, WID), a differentiable recognizer (WID)
+    data = unlearning_data(selection, faces, labels, centroids,
+                           latents_of=(manifest, generator) if "latents" in needs else None,
+                           recognizer=differentiable_recognizer(faces_cfg, models_dir).to(generator.device)
+                           if "recognizer" in needs else None)
+    return unlearn(generator, method, data, run, state_path, seed)
 
 
 def real_pixels(generator: IdentityGenerator, manifest: pd.DataFrame, faces: pd.DataFrame,

@@ -4,12 +4,11 @@ import pandas as pd
 import torch
 
 from idunlearn.controllable import phase_two_epsilon
-from idunlearn.experiment import differentiable_recognizer, load_generator, run_selection, unlearning_data
+from idunlearn.experiment import load_generator, run_selection, unlearn_selection
 from idunlearn.io import read_json, write_json, write_parquet
 from idunlearn.runlog import stage_log
 from idunlearn.tuning import tuned_settings
-from idunlearn.unlearning import build_method
-from idunlearn.unlearning.runner import save_changed_parameters, unlearn
+from idunlearn.unlearning.runner import save_changed_parameters
 
 with stage_log(snakemake.log[0], "unlearn") as log:
     torch.set_num_threads(snakemake.threads)
@@ -23,14 +22,9 @@ with stage_log(snakemake.log[0], "unlearn") as log:
         log.info("tuned settings: %s", run)
     selection = run_selection(read_json(i.selection), run, centroids)
     generator = load_generator(p.generator, p.device)
-    method = build_method(run["method"], run)
-    needs = getattr(method, "needs", ())  # real images as latents (SISS, WID), a differentiable recognizer (WID)
-    data = unlearning_data(selection, pd.read_parquet(i.faces), pd.read_parquet(i.labels), centroids,
-                           latents_of=(pd.read_parquet(i.manifest), generator) if "latents" in needs else None,
-                           recognizer=differentiable_recognizer(p.faces, i.models).to(p.device)
-                           if "recognizer" in needs else None)
     seed = p.seed + selection["forget_identity"]
-    losses, timings = unlearn(generator, method, data, run, p.state, seed)
+    losses, timings = unlearn_selection(generator, run, selection, pd.read_parquet(i.faces), pd.read_parquet(i.labels),
+                                        centroids, pd.read_parquet(i.manifest), p.faces, i.models, p.state, seed)
     log.info("timings: %s", timings)
     save_changed_parameters(generator, run["regime"], run["surgical_blocks"], out.changed)
     write_parquet(losses, out.losses)

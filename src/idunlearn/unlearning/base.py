@@ -20,17 +20,31 @@ from ..models.generator import IdentityGenerator
 @dataclass
 class UnlearningData:
     """Identity embeddings of one experiment (from the selection stage), and what some methods need besides:
-    real images as clean generator latents (row i pairs with embedding row i) and a differentiable recognizer."""
+    real images as clean generator latents (row i pairs with embedding row i) and a differentiable recognizer.
+
+    Joint unlearning of N identities in one run: ``forget_train`` holds every forget identity's rows, ``forget_groups``
+    says whose each row is and ``anchor_centroids`` holds each identity's own anchor (PIU eq. 6); ``anchor_centroid``
+    is then the first identity's. With one identity both are None."""
 
     forget_train: np.ndarray  # (n_f, D) forget-train image embeddings
     retain_train: np.ndarray  # (n_r, D) embeddings of retain-train identities' images
     anchor_centroid: np.ndarray  # (D,) centroid of the anchor identity
-    retain_centroids: np.ndarray | None = None  # (k, D) centroids of the retain-train identities except the anchor
+    retain_centroids: np.ndarray | None = None  # (k, D) centroids of the retain-train identities except the anchor(s)
+    forget_groups: np.ndarray | None = None  # joint: (n_f,) index g < N of the forget identity of each forget_train row
+    anchor_centroids: np.ndarray | None = None  # joint: (N, D) row g the anchor centroid of forget identity g
     forget_latents: torch.Tensor | None = None  # (n_f, *latent_shape) the forget-train images
     retain_latents: torch.Tensor | None = None  # (n_r, *latent_shape) the retain-train images
     anchor_latents: torch.Tensor | None = None  # (n_a, *latent_shape) the anchor identity's images
     # (N, 3, 112, 112) float RGB in [0, 255] -> (N, d) raw embeddings, differentiable in its input
     recognizer: nn.Module | None = None
+
+    def anchors(self) -> np.ndarray:
+        """(N, D) the anchor centroid of each forget identity (N = 1 without groups)."""
+        return self.anchor_centroid[None] if self.forget_groups is None else self.anchor_centroids
+
+    def groups(self) -> np.ndarray:
+        """(n_f,) the forget identity (index into ``anchors()``) of each forget_train row."""
+        return np.zeros(len(self.forget_train), int) if self.forget_groups is None else self.forget_groups
 
     def require(self, field: str, method: str) -> torch.Tensor | np.ndarray | nn.Module:
         value = getattr(self, field)
@@ -53,6 +67,7 @@ class Objectives:
 
 class UnlearningMethod(abc.ABC):
     name: str
+    joint = False  # True: the method unlearns several identities in one run (UnlearningData.forget_groups)
 
     def __init__(self, params: dict):
         self.params = params
@@ -78,6 +93,7 @@ class ClosedFormMethod(abc.ABC):
     """A method that edits the weights in one solve, without a training loop (UCE)."""
 
     name: str
+    joint = False  # as UnlearningMethod.joint
 
     def __init__(self, params: dict):
         self.params = params

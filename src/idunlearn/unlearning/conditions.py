@@ -6,6 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..conditions import dirichlet_mixtures
+from .base import UnlearningData
+
 
 def draw_examples(latents: torch.Tensor, embeddings: np.ndarray, n: int,
                   rng: np.random.Generator) -> tuple[torch.Tensor, np.ndarray]:
@@ -14,6 +17,29 @@ def draw_examples(latents: torch.Tensor, embeddings: np.ndarray, n: int,
         raise ValueError(f"{len(latents)} latents but {len(embeddings)} embeddings: the rows must pair up")
     rows = rng.integers(len(latents), size=n)
     return latents[rows], np.asarray(embeddings, np.float32)[rows]
+
+
+def group_counts(n: int, n_groups: int, rng: np.random.Generator) -> np.ndarray:
+    """How many of a batch's n rows each of n_groups forget identities gets: n // n_groups each, one more for each
+    of a random n % n_groups of them (drawn only when n_groups does not divide n: one identity draws nothing)."""
+    counts = np.full(n_groups, n // n_groups)
+    if n % n_groups:
+        counts[rng.choice(n_groups, size=n % n_groups, replace=False)] += 1
+    return counts
+
+
+def forget_conditions(data: UnlearningData, n: int, rng: np.random.Generator, k: int, alpha: float,
+                      with_groups: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """n forget conditions, each a Dirichlet mixture of one forget identity's embeddings (PIU Section 3.4), the
+    batch shared among the identities by ``group_counts``, with each condition's own anchor centroid (PIU eq. 6), or
+    with ``with_groups`` its forget identity's index into ``data.anchors()``. One identity: the plain draw
+    ``dirichlet_mixtures(forget_train, n, ...)``. Returns ((n, D) float32, (n, D) float32 or (n,) int)."""
+    groups, anchors = data.groups(), np.asarray(data.anchors(), np.float32)
+    counts = group_counts(n, len(anchors), rng)
+    conditions = [dirichlet_mixtures(data.forget_train[groups == g], count, rng, k, alpha)
+                  for g, count in enumerate(counts)]
+    which = np.repeat(np.arange(len(anchors)), counts)
+    return np.concatenate(conditions), which if with_groups else anchors[which]
 
 
 def noised(scheduler, x0: torch.Tensor, gen: torch.Generator, device) -> tuple:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..models.generator import IdentityGenerator
-from .base import UnlearningData
 from .piu import PIU
 
 
@@ -24,6 +24,6 @@ class ESD(PIU):
             raise ValueError("method 'esd' has no preservation term: set preserve: false in its unlearning.runs entry")
         super().__init__(params)
 
-    def reference_conditions(self, generator: IdentityGenerator, data: UnlearningData, n: int) -> torch.Tensor:
-        """The unconditional condition (the empty prompt, as classifier-free guidance uses)."""
-        return generator.unconditional(n)
+    def reference_conditions(self, generator: IdentityGenerator, anchors: np.ndarray) -> torch.Tensor:
+        """The unconditional condition (the empty prompt, as classifier-free guidance uses), once per row."""
+        return generator.unconditional(len(anchors))

@@ -9,8 +9,8 @@ from torch.nn.functional import mse_loss
 
 from ..models.generator import IdentityGenerator
 from .base import Objectives, UnlearningData, UnlearningMethod
-from ..conditions import dirichlet_mixtures, draw_rows
-from .conditions import noisy_latents
+from ..conditions import draw_rows
+from .conditions import forget_conditions, noisy_latents
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (unit conditions, noisy latents x_t, timesteps t)
 
@@ -21,17 +21,20 @@ def negative_guidance_target(eps_ref: torch.Tensor, eps_forget: torch.Tensor, et
 
 
 class PIU(UnlearningMethod):
-    """Forget loss eq. 2 toward the anchor-guided target eq. 1; preservation loss eq. 3 on retain identities.
+    """Forget loss eq. 2 toward the anchor-guided target eq. 1; preservation loss eq. 3 on retain identities. Joint
+    unlearning: the forget batch is shared among the forget identities, each condition steered to its own anchor.
 
     params: eta, forget_batch, retain_batch, dirichlet_k, dirichlet_alpha.
     """
 
     name = "piu"
 
-    def reference_conditions(self, generator: IdentityGenerator, data: UnlearningData, n: int) -> torch.Tensor:
-        """The condition the forget identity is steered to: the anchor centroid's (PIU Section 3.3)."""
-        anchor = torch.as_tensor(np.repeat(data.anchor_centroid[None], n, axis=0), dtype=torch.float32)
-        return generator.conditions(anchor)
+    joint = True
+
+    def reference_conditions(self, generator: IdentityGenerator, anchors: np.ndarray) -> torch.Tensor:
+        """The conditions the forget conditions are steered to: their anchor centroids' (PIU Section 3.3),
+        ``anchors`` (n, D) row for row."""
+        return generator.conditions(torch.as_tensor(anchors, dtype=torch.float32))
 
     def extra_batch(self, generator: IdentityGenerator, side: str) -> Batch | None:
         """Unit conditions (n, D) with their noisy latents and timesteps, added to the sampled ``forget`` or
@@ -47,12 +50,14 @@ class PIU(UnlearningMethod):
                    rng: np.random.Generator, gen: torch.Generator) -> Objectives:
         p, sched, device = self.params, generator.training_scheduler(), generator.device
         n_f, n_r = p["forget_batch"], p["retain_batch"]
-        forget_emb = dirichlet_mixtures(data.forget_train, n_f, rng, p["dirichlet_k"], p["dirichlet_alpha"])
+        forget_emb, anchors = forget_conditions(data, n_f, rng, p["dirichlet_k"], p["dirichlet_alpha"])
         forget_emb, x_t, t = self._joined(generator, "forget", forget_emb,
                                           *noisy_latents(sched, generator.latent_shape, n_f, gen, device))
+        # added conditions (piu_robust, one forget identity) are steered to the anchor too
+        anchors = np.concatenate([anchors, np.repeat(anchors[:1], len(forget_emb) - n_f, axis=0)])
         with torch.no_grad():  # the text encoder is frozen: conditions carry no gradient
             c_f = generator.conditions(forget_emb)
-            c_ref = self.reference_conditions(generator, data, len(forget_emb))
+            c_ref = self.reference_conditions(generator, anchors)
             # frozen teacher: reference and forget predictions in one batched call
             eps_ref, eps_f = generator.predict_noise(torch.cat([x_t, x_t]), torch.cat([t, t]),
                                                      torch.cat([c_ref, c_f]), unet=teacher).chunk(2)

@@ -52,6 +52,7 @@ class PIURobust(PIU):
     """
 
     name = "piu_robust"
+    joint = False  # its inner attack searches around one forget identity's centre
 
     def __init__(self, params: dict):
         if params["attack_t_low"] > params["attack_t_high"]:

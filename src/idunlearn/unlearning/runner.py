@@ -29,8 +29,13 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
 
     cfg: steps, regime, surgical_blocks, checkpoint_every, and the optimiser's keys. Returns (loss log, timings).
     Every ``checkpoint_every`` steps the trainable weights, optimiser and random states go to ``state_path``;
-    a rerun continues from there and ends where an uninterrupted run would.
+    a rerun continues from there and ends where an uninterrupted run would. ``data`` with several forget
+    identities (joint unlearning) needs a method that can take them (``method.joint``).
     """
+    if data.forget_groups is not None and not method.joint:
+        raise ValueError(f"method {method.name!r} unlearns one identity per run, not {len(data.anchors())} at once: "
+                         "leave it out of joint unlearning (config key 'many.joint_sizes'), or chain it one identity "
+                         "at a time (many.sequential_length)")
     generator.requires_grad_(False)
     trainable = select_trainable(generator.unet, cfg["regime"], cfg["surgical_blocks"])
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)

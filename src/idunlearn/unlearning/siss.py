@@ -23,6 +23,7 @@ class SISS(UnlearningMethod):
 
     name = "siss"
     needs = ("latents",)
+    joint = True  # each forget image under its own condition: several identities' images mix without anchors
 
     def objectives(self, generator: IdentityGenerator, teacher: nn.Module, data: UnlearningData,
                    rng: np.random.Generator, gen: torch.Generator) -> Objectives:

@@ -7,9 +7,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..conditions import dirichlet_mixtures
 from ..models.generator import IdentityGenerator
 from .base import ClosedFormMethod, UnlearningData
+from .conditions import forget_conditions
 
 EDITED = ("attn2.to_k.weight", "attn2.to_v.weight")
 
@@ -40,7 +40,8 @@ class UCE(ClosedFormMethod):
     them (PIU appendix C.2.2: "multiple conditioning embeddings ... together with their linear combinations", the
     mixtures of Section 3.4 with PIU's ``dirichlet_k`` / ``dirichlet_alpha``; 0 gives the plain set of the public
     reimplementation); guide c* for each: the anchor centroid's condition; preservation set P: the anchor centroid
-    and ``uce_preserve - 1`` other retain-train centroids (seeded draw).
+    and ``uce_preserve - 1`` other retain-train centroids (seeded draw). Joint unlearning: every forget identity's
+    rows, each guided to its own anchor; P holds every anchor and the ``uce_preserve - 1`` others.
 
     params: uce_alpha_erase, uce_alpha_preserve, uce_lambda, uce_preserve, uce_erase_mixtures, dirichlet_k,
     dirichlet_alpha.
@@ -48,13 +49,18 @@ class UCE(ClosedFormMethod):
 
     name = "uce"
 
-    def erase_embeddings(self, forget_train: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """The forget-train embeddings followed by ``uce_erase_mixtures`` Dirichlet mixtures of them."""
-        p, plain = self.params, np.asarray(forget_train, np.float32)
+    joint = True
+
+    def erase_embeddings(self, data: UnlearningData, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The forget-train embeddings followed by ``uce_erase_mixtures`` Dirichlet mixtures of them (each within one
+        forget identity, shared among the identities as PIU's batch), and the forget identity (index into
+        ``data.anchors()``) of each row, whose anchor is its guide."""
+        p, plain = self.params, np.asarray(data.forget_train, np.float32)
         if p["uce_erase_mixtures"] == 0:
-            return plain
-        mixtures = dirichlet_mixtures(plain, p["uce_erase_mixtures"], rng, p["dirichlet_k"], p["dirichlet_alpha"])
-        return np.concatenate([plain, mixtures])
+            return plain, data.groups()
+        mixtures, groups = forget_conditions(data, p["uce_erase_mixtures"], rng, p["dirichlet_k"],
+                                             p["dirichlet_alpha"], with_groups=True)
+        return np.concatenate([plain, mixtures]), np.concatenate([data.groups(), groups])
 
     def edit(self, generator: IdentityGenerator, data: UnlearningData, trainable: dict[str, nn.Parameter],
              rng: np.random.Generator) -> dict:
@@ -65,11 +71,13 @@ class UCE(ClosedFormMethod):
             raise ValueError("the run's regime selects no cross-attention to_k/to_v weight for uce to edit")
         others = data.require("retain_centroids", self.name)
         chosen = np.sort(rng.choice(len(others), size=min(p["uce_preserve"] - 1, len(others)), replace=False))
-        preserve_emb = np.concatenate([data.anchor_centroid[None], others[chosen]]).astype(np.float32)
-        erase_emb = self.erase_embeddings(data.forget_train, rng)
+        anchors = np.asarray(data.anchors(), np.float32)
+        preserve_emb = np.concatenate([anchors, others[chosen]]).astype(np.float32)
+        erase_emb, erase_groups = self.erase_embeddings(data, rng)
         with torch.no_grad():
             erase = token_mean(generator.conditions(torch.from_numpy(erase_emb)))
-            guide = token_mean(generator.conditions(torch.from_numpy(data.anchor_centroid[None]))).expand_as(erase)
+            # each erased condition's guide c*: its own forget identity's anchor (one encoding per anchor)
+            guide = token_mean(generator.conditions(torch.from_numpy(anchors)))[torch.from_numpy(erase_groups)]
             preserve = token_mean(generator.conditions(torch.from_numpy(preserve_emb)))
             terms = np.zeros(3)  # the three terms of eq. 34 after the edit, summed over the edited matrices
             for weight in targets:

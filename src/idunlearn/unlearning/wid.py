@@ -49,6 +49,7 @@ class WID(PIU):
 
     name = "wid"
     needs = ("latents", "recognizer")
+    joint = False  # its images come from one anchor identity
 
     def __init__(self, params: dict):
         if params["eta"] != 0:
@@ -65,7 +66,7 @@ class WID(PIU):
         forget_emb = dirichlet_mixtures(data.forget_train, n, rng, p["dirichlet_k"], p["dirichlet_alpha"])
         with torch.no_grad():  # frozen text encoder
             c_f = generator.conditions(torch.from_numpy(forget_emb))
-            c_a = self.reference_conditions(generator, data, n)
+            c_a = self.reference_conditions(generator, np.repeat(data.anchor_centroid[None], n, axis=0))
         x_t, t, _ = noised(sched, x0, gen, device)
         with torch.no_grad():  # eps_hat_forget = eps*(z_t, t, c_a) (PIU appendix eq. 43, eq. 40 with eta = 0)
             target = generator.predict_noise(x_t, t, c_a, unet=teacher)
