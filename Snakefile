@@ -26,6 +26,8 @@ include: "rules/study.smk"
 include: "rules/audit.smk"
 include: "rules/tuning.smk"
 include: "rules/export.smk"
+# Forget requests (config `request`, config/request.yaml): when one is configured it is the default target.
+include: "rules/request.smk"
 # Recognizer track (GSUO on classifiers); its target `recognizer` is not part of the default target.
 include: "rules/recognizer.smk"
 

@@ -20,7 +20,8 @@ def test_shipped_configs_validate(name):
     assert cfg["selection"]["anchor"] == {"tau": 0.2, "tol": 0.01}
 
 
-@pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"]])
+@pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"],
+                                      ["request.yaml"]])
 def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     # snakemake --configfile a.yaml b.yaml merges each file into config.yaml key by key (lists replaced)
     merged = {}
@@ -30,6 +31,8 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     if "robust.yaml" in overlays:
         assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
         assert cfg["audit"]["runs"] == ["piu_100", "piu_robust"] and "siss" in cfg["unlearning"]["runs"]
+    if "request.yaml" in overlays:  # the request is on, served by a run of the base config
+        assert cfg["request"]["folder"] and cfg["request"]["run"] in cfg["unlearning"]["runs"]
 
 
 def test_defaults_fill_missing_sections():
