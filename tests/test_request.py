@@ -11,7 +11,9 @@ from PIL import Image
 from badfiles import StubAnalyser, write_bad_files
 from idunlearn.config import validate_config
 from idunlearn.experiment import unlearning_data
+from idunlearn.faces.analyser import ImageLoadError, load_rgb
 from idunlearn.identities import identity_centroids
+from idunlearn.request.demo import write_demo_folder
 from idunlearn.request.photos import RequestError, embed_photos, find_requester, status_table
 from idunlearn.request.report import request_report, to_markdown, to_rst
 from idunlearn.request.selection import request_selection, request_world
@@ -169,3 +171,15 @@ def test_report_names_rejected_files_reasons_and_both_hashes():
     assert "not in the training data" in markdown and "5 of the 7 files" in markdown
     rst = to_rst(sections)
     assert ".. csv-table::" in rst and '"broken.jpg", "unreadable", "no"' in rst and "1" * 64 in rst
+
+
+def test_demo_folder_holds_the_person_someone_else_a_broken_jpeg_and_a_flat_picture(orl_manifest, tmp_path):
+    files = write_demo_folder(orl_manifest, tmp_path / "demo", person=5, photos=3, other_person=12)
+    assert files == ["broken.jpg", "no_face.png", "person_01.png", "person_02.png", "person_03.png",
+                     "someone_else.png"]
+    shots = orl_manifest.set_index("image_id")["path"]
+    np.testing.assert_array_equal(load_rgb(tmp_path / "demo" / "person_02.png"), load_rgb(shots["orl_s05_02"]))
+    np.testing.assert_array_equal(load_rgb(tmp_path / "demo" / "someone_else.png"), load_rgb(shots["orl_s12_01"]))
+    assert np.ptp(load_rgb(tmp_path / "demo" / "no_face.png")) == 0
+    with pytest.raises(ImageLoadError):
+        load_rgb(tmp_path / "demo" / "broken.jpg")
