@@ -71,6 +71,8 @@ def selection_file(wildcards):
 
 
 def get_final_outputs(wildcards):
+    if request_active():  # a config with a forget request serves that request (rules/request.smk)
+        return request_outputs()
     identities = forget_identities()
     return [
         results("identities", "summary.csv"),
@@ -199,3 +201,40 @@ def tune_tables(wildcards):
         raise ValueError("config key 'tuning.methods' is empty: nothing to tune; declare grids there, or run "
                          "`snakemake tune --configfile config/study.yaml`")
     return rules.tune_choose.output
+
+
+# --- forget requests (rules/request.smk) ---
+REQUEST = config["request"]
+
+
+def request_active():
+    return REQUEST["folder"] is not None
+
+
+def request_dir(*parts):
+    return results("request", REQUEST["name"], *parts)
+
+
+def request_run():
+    """The run named by request.run, checked: a run whose settings come from other jobs cannot serve a request."""
+    name = REQUEST["run"]
+    if name not in run_names():
+        raise ValueError(f"config key 'request.run': {name!r} is not in unlearning.runs {run_names()}")
+    run = run_config(config, name)
+    if run["epsilon_fraction"] is not None or tuned_base(name):
+        raise ValueError(f"config key 'request.run': {name!r} takes its settings from other jobs (a Phase II or "
+                         "tuned run); name a run with its own settings, e.g. piu")
+    return run
+
+
+def request_probes():
+    """The light probes of request.probes with the audit's settings (config audit.probes)."""
+    missing = sorted(set(REQUEST["probes"]) - set(config["audit"]["probes"]))
+    if missing:
+        raise ValueError(f"config key 'request.probes': {missing} are not enabled in audit.probes, which holds "
+                         "their settings; enable them there")
+    return {probe: config["audit"]["probes"][probe] for probe in REQUEST["probes"]}
+
+
+def request_outputs():
+    return [request_dir("report.md"), request_dir("report.rst"), request_dir("export", "manifest.json")]

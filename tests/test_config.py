@@ -21,7 +21,7 @@ def test_shipped_configs_validate(name):
 
 
 @pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"],
-                                      ["many.yaml"]])
+                                      ["many.yaml"], ["request.yaml"]])
 def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     # snakemake --configfile a.yaml b.yaml merges each file into config.yaml key by key (lists replaced)
     merged = {}
@@ -34,6 +34,8 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     if "many.yaml" in overlays:  # the many stage's run is a declared one; off (null) without the overlay
         assert cfg["many"]["run"] in cfg["unlearning"]["runs"] and cfg["many"]["joint_sizes"] == [1, 2, 4, 8]
         assert load_config(REPO / "config" / "config.yaml")["many"]["run"] is None
+    if "request.yaml" in overlays:  # the request is on, served by a run of the base config
+        assert cfg["request"]["folder"] and cfg["request"]["run"] in cfg["unlearning"]["runs"]
 
 
 def test_defaults_fill_missing_sections():

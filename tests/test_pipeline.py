@@ -378,3 +378,38 @@ def test_many_identities_jointly_and_in_a_chain_and_a_changed_identity_reruns_on
     dry = {(rule, wildcards) for rule, wildcards in jobs_run(snakemake(workdir, "many", "--dry-run",
                                                                        configfile=longer))}
     assert {w for r, w in dry if r.startswith("many_unlearn")} == {"run=piu, step=3"}, dry
+
+
+def test_forget_request_from_a_folder_exports_the_model_and_reports_the_rejected_files(two_runs):
+    workdir = two_runs[1][0]
+    res, folder = workdir / "results", workdir / "data" / "request_demo"
+    # the demo folder (6 photos of ORL person 5, one of person 12, a broken JPEG, a flat grey picture), built by its
+    # rule; the request is then the default target, served with QUICK's tiny piu run, evaluation and probes
+    cfg = _config(workdir, "request", {**QUICK, "request": {"name": "demo", "folder": str(folder)}})
+    ran = _jobs(snakemake(workdir, configfile=cfg))
+    assert set(ran) == {"demo_request_folder", "request_photos", "request_selection", "request_unlearn",
+                        "request_assess_original", "request_assess_unlearned", "request_export", "request_report",
+                        "all"}, ran  # the dataset's stages are the study's, cached
+    out = res / "request" / "demo"
+    status = pd.read_csv(out / "photos.csv").set_index("file")
+    assert status["used"].to_dict() == {**{f"person_{k:02d}.png": True for k in range(1, 7)}, "broken.jpg": False,
+                                        "no_face.png": False, "someone_else.png": False}
+    assert status.loc["broken.jpg", "status"] == "unreadable" and status.loc["no_face.png", "status"] == "no_face"
+    selection = json.loads((out / "selection.json").read_text())
+    labels = pd.read_parquet(res / "identities" / "labels.parquet")
+    (person,) = set(labels.loc[labels["true_identity"] == "s5", "identity"])
+    assert selection["in_training_data"] and selection["forget_identity"] == person
+    manifest = json.loads((out / "export" / "manifest.json").read_text())
+    base = load_generator(QUICK["generator"]).unet
+    assert manifest["base_unet_sha256"] == unet_sha256(base) != manifest["result_unet_sha256"]
+    from idunlearn.models.export import apply_delta, load_unet_folder
+    assert unet_sha256(apply_delta(base, out / "export" / "delta.safetensors")) == manifest["result_unet_sha256"]
+    assert unet_sha256(load_unet_folder(out / "export" / "unet")) == manifest["result_unet_sha256"]
+    report = (out / "report.md").read_text()
+    assert f"in the training data as identity {person}" in report
+    assert "`broken.jpg`: unreadable" in report and "`no_face.png`: no_face: no face detected" in report
+    assert "`someone_else.png`: not the same person as the other 6 photos" in report
+    assert manifest["base_unet_sha256"] in report and manifest["result_unet_sha256"] in report
+    snakemake(workdir, "--report", str(out / "report.html"), configfile=cfg)
+    html = (out / "report.html").read_text(errors="ignore")
+    assert "served a forget request" in html and "someone_else.png" in html
