@@ -175,7 +175,7 @@ def test_summary_md_and_the_report_landing_page_show_the_headline(aggregated):
     from jinja2 import Environment
 
     class Snakemake:
-        config = {"results_dir": str(tmp_path)}
+        config = {"results_dir": str(tmp_path), "request": {"folder": None}}  # no forget request: the study's page
 
     text = (REPO / "workflow" / "report" / "workflow.rst").read_text() + "\n.. _Summary: #\n.. _Tables: #\n"
     rendered = Environment(trim_blocks=True, lstrip_blocks=True).from_string(text).render(snakemake=Snakemake)
