@@ -29,8 +29,8 @@ def write_demo_folder(orl: pd.DataFrame, folder: str | Path, person: int, photos
     for name, image in files.items():
         with atomic_path(folder / name) as tmp:
             image.save(tmp, format="PNG")
-    whole = io.BytesIO()
-    Image.open(paths[f"s{person}"][photos % len(paths[f"s{person}"])]).save(whole, format="JPEG")
     with atomic_path(folder / "broken.jpg") as tmp:  # a JPEG cut off half way, as an interrupted upload leaves it
+        whole = io.BytesIO()
+        Image.open(paths[f"s{person}"][photos % len(paths[f"s{person}"])]).save(whole, format="JPEG")
         tmp.write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
     return sorted([*files, "broken.jpg"])
