@@ -62,8 +62,8 @@ rule pareto:
     input:
         metrics=rules.aggregate.output.metrics,
         losses=lambda wc: [results("unlearning", run, str(identity), "losses.parquet")
-                           for points in controllable_points().values() for _, run in points
-                           for identity in forget_identities()],
+                           for run, identity in run_identity_pairs()
+                           if run in {name for points in controllable_points().values() for _, name in points}],
     output:
         table=report(results("tables", "pareto.csv"), category="Controllable unlearning"),
         parquet=results("tables", "pareto.parquet"),
