@@ -182,3 +182,10 @@ def test_summary_md_and_the_report_landing_page_show_the_headline(aggregated):
     html = publish_parts(rendered, writer="html")["html_body"]
     assert "Run a made the generator forget 3 identities" in html
     assert "<th class=\"head\">SRK (pooled)</th>" in html and html.count("<tr>") >= 5
+
+
+def test_nested_markdown_demotes_every_heading_but_not_code_or_text():
+    from idunlearn.evaluation.aggregate import nested_markdown
+    page = "# Forgetting audit\n\ntext with # inside\n#hashtag\n## Attack\n```sh\n# a shell comment\n```\n"
+    assert nested_markdown(page) == ("## Forgetting audit\n\ntext with # inside\n#hashtag\n### Attack\n```sh\n"
+                                     "# a shell comment\n```\n")

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from idunlearn.evaluation.aggregate import metrics_row, summarise, summary_long, summary_markdown, summary_rst
+from idunlearn.evaluation.aggregate import (metrics_row, nested_markdown, summarise, summary_long, summary_markdown,
+                                          summary_rst)
 from idunlearn.evaluation.metrics import METRIC_KEYS
 from idunlearn.evaluation.statistics import sample_counts
 from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
@@ -60,7 +61,7 @@ with stage_log(snakemake.log[0], "aggregate") as log:
     write_parquet(summary, out.summary)
     write_csv(summary, out.summary_csv)
     write_csv(long, out.summary_long)
-    audit = [Path(p).read_text().replace("# Forgetting audit", "## Forgetting audit", 1) for p in i.audit]
+    audit = [nested_markdown(Path(p).read_text()) for p in i.audit]
     with atomic_path(out.summary_md) as tmp:
         tmp.write_text("\n".join([summary_markdown(long, primary, identities), *audit]))
     with atomic_path(out.summary_rst) as tmp:

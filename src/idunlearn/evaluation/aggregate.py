@@ -8,6 +8,7 @@ mean; fewer than two gives a NaN half width."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterable, Mapping
 
 import pandas as pd
@@ -124,6 +125,20 @@ def headline_sentences(long: pd.DataFrame, run: str, identities: Iterable[int]) 
             f"{v['detection_rate_retain', 'before']:.3f} to {v['detection_rate_retain', 'after']:.3f}, "
             f"a retain KD change of {v['kd_retain', 'delta']:+.4f} and a retain quality change of "
             f"{v['quality_retain', 'delta']:+.4f}.")
+
+
+ATX_HEADING = re.compile(r"#{1,5} ")
+
+
+def nested_markdown(text: str) -> str:
+    """``text`` as a subsection: every ATX heading one level deeper (``# A`` -> ``## A``), code fences left alone,
+    so that a stage's own Markdown page (e.g. ``audit_summary.md``) can sit under ``summary.md``'s title."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        lines.append("#" + line if not fenced and ATX_HEADING.match(line) else line)
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
 def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) -> str:
