@@ -47,6 +47,17 @@ def test_epsilon_constrained_runs_default_to_no_weight_decay_and_others_keep_piu
     assert build_optimiser(params, run_config(cfg, "mine")).adamw.param_groups[0]["weight_decay"] == 0.0
 
 
+def test_epsilon_constrained_runs_default_to_the_papers_adamw_betas_and_others_keep_adamws():
+    # epsilon-constrained paper, Appendix E.1: AdamW with beta = (0.90, 0.95); every other run PyTorch's (0.9, 0.999)
+    cfg = validate_config({"unlearning": {"runs": {"piu": {}, "mine": {"optimiser": "epsilon_constrained"},
+                                                   "own": {"optimiser": "epsilon_constrained", "betas": [0.8, 0.9]}},
+                                          "controllable": {"piu": {"fractions": [0.5]}}}})
+    assert [run_config(cfg, run)["betas"] for run in ("piu", "mine", "own")] == [[0.9, 0.999], [0.9, 0.95], [0.8, 0.9]]
+    assert {tuple(run_config(cfg, f"piu.eps_{p}")["betas"]) for p in ("highest", "0.5", "lowest")} == {(0.9, 0.95)}
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert build_optimiser(params, run_config(cfg, "mine")).adamw.param_groups[0]["betas"] == (0.9, 0.95)
+
+
 def test_eupmu_alpha_follows_the_runs_lr_unless_given():
     cfg = validate_config({"unlearning": {"runs": {"fast": {"optimiser": "eupmu_fast", "lr": 3e-4},
                                                    "own": {"optimiser": "eupmu", "lr": 3e-4, "eupmu_alpha": 1e-3}}}})

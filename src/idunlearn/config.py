@@ -196,15 +196,21 @@ def run_config(config: dict, name: str) -> dict:
 
 
 PIU_WEIGHT_DECAY = 0.01  # PIU's AdamW weight decay, the base step of every optimiser but epsilon_constrained
+ADAMW_BETAS = [0.9, 0.999]  # PyTorch's AdamW betas: the base step of every optimiser but epsilon_constrained
+EPSILON_CONSTRAINED_BETAS = [0.9, 0.95]  # epsilon-constrained paper, Appendix E.1: AdamW with beta = (0.90, 0.95)
 
 
 def resolve_run_settings(settings: dict) -> dict:
-    """Fill in the run settings whose default depends on the run (schema default null): ``weight_decay`` 0 for
-    the epsilon-constrained optimiser (its paper, Appendix E.1: no weight decay) and PIU's 0.01 otherwise;
-    ``eupmu_alpha`` the run's ``lr`` (EUPMU Algorithm 1: alpha_t is the step size)."""
+    """Fill in the run settings whose default depends on the run (schema default null): ``weight_decay`` 0 and
+    ``betas`` (0.9, 0.95) for the epsilon-constrained optimiser (its paper, Appendix E.1: AdamW with these betas and
+    no weight decay), PIU's 0.01 and AdamW's (0.9, 0.999) otherwise; ``eupmu_alpha`` the run's ``lr`` (EUPMU
+    Algorithm 1: alpha_t is the step size)."""
     resolved = dict(settings)
+    constrained = resolved["optimiser"] == "epsilon_constrained"
     if resolved.get("weight_decay") is None:
-        resolved["weight_decay"] = 0.0 if resolved["optimiser"] == "epsilon_constrained" else PIU_WEIGHT_DECAY
+        resolved["weight_decay"] = 0.0 if constrained else PIU_WEIGHT_DECAY
+    if resolved.get("betas") is None:
+        resolved["betas"] = list(EPSILON_CONSTRAINED_BETAS if constrained else ADAMW_BETAS)
     if resolved.get("eupmu_alpha") is None:
         resolved["eupmu_alpha"] = resolved["lr"]
     return resolved
