@@ -163,3 +163,22 @@ def test_missing_runs_and_unknown_tables_are_named():
         build_study(*synthetic({"piu": {}}), cfg)
     with pytest.raises(Exception, match="table9"):
         study_config({"table9": {"sweep": "x"}})
+
+
+def test_table1_compares_paper_settings_with_each_other_and_tuned_settings_with_each_other():
+    # a tuned baseline that beats paper-setting PIU must not count against it: PIU meets each method on equal terms
+    runs = {"piu": {}, "uce": {"method": "uce"}, "piu.tuned": {}, "uce.tuned": {"method": "uce"}}
+    cfg = study_config({"table1": {"rows": {"before": "before", "PIU": "piu", "UCE": "uce", "PIU (tuned)": "piu.tuned",
+                                            "UCE (tuned)": "uce.tuned"}}}, runs=runs)
+    claims = _claims({"piu": {"ism_forget": 0.2 + 0.001 * K}, "uce": {"ism_forget": 0.5},
+                      "piu.tuned": {"ism_forget": 0.3}, "uce.tuned": {"ism_forget": 0.1 + 0.001 * K}},
+                     cfg).set_index("claim")
+    paper = claims.loc["PIU has a lower forget ISM than every other method"]
+    assert (paper["row_a"], paper["row_b"]) == ("UCE", "PIU") and bool(paper["established"])
+    tuned = claims.loc["PIU has a lower forget ISM than every other method (every method at its tuned setting)"]
+    assert (tuned["row_a"], tuned["row_b"]) == ("UCE (tuned)", "PIU (tuned)") and not bool(tuned["holds"])
+    assert len(claims) == 6
+    # without the tuned PIU row the tuned baselines have nothing to meet
+    no_piu = study_config({"table1": {"rows": {"before": "before", "PIU": "piu", "UCE": "uce",
+                                               "UCE (tuned)": "uce.tuned"}}}, runs=runs)
+    assert len(_claims({"piu": {}, "uce": {}, "uce.tuned": {}}, no_piu)) == 3
