@@ -61,9 +61,7 @@ rule sample_grids:
 rule pareto:
     input:
         metrics=rules.aggregate.output.metrics,
-        losses=lambda wc: [results("unlearning", run, str(identity), "losses.parquet")
-                           for run, identity in run_identity_pairs()
-                           if run in {name for points in controllable_points().values() for _, name in points}],
+        losses=lambda wc: controllable_losses(),
     output:
         table=report(results("tables", "pareto.csv"), category="Controllable unlearning"),
         parquet=results("tables", "pareto.parquet"),

@@ -137,6 +137,13 @@ def controllable_points():
     return {base: [(point, name) for point, name, _ in points] for base, points in controllable_runs(config).items()}
 
 
+def controllable_losses():
+    """Loss logs of every controllable run on its own identities (``run_identity_pairs``: a run's ``n_identities``)."""
+    runs = {name for points in controllable_points().values() for _, name in points}
+    return [results("unlearning", run, str(identity), "losses.parquet")
+            for run, identity in run_identity_pairs() if run in runs]
+
+
 def run_outputs(kind):
     """Paths of every run x forget identity for one output of the unlearning/evaluation stages."""
     pattern = {"metrics": rules.evaluate_unlearned.output.metrics, "samples": rules.evaluate_unlearned.output.samples,
