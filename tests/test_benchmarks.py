@@ -60,5 +60,9 @@ def test_phase_two_tracking_through_the_cli(tmp_path):
         assert row["spacing"] > 0 and len(row["f1_by_tenth"]) == 10
         assert row["spacings_from_bound"] == pytest.approx(abs(row["f1_end"] - row["epsilon"]) / row["spacing"])
         assert row["violation"] == pytest.approx(max(row["f1_end"] - row["epsilon"], 0.0))
+        if row["first_step_at_bound"] is None:  # never at the bound: f1 stayed above epsilon on every batch
+            assert row["f1_end"] > row["epsilon"]
+        else:
+            assert 1 <= row["first_step_at_bound"] <= 10 and 0 <= row["eta_zero_share_after"] <= 1
     # f1 at the end is the mean of the last tenth of the steps (the last step here)
     assert rows[0]["f1_end"] == pytest.approx(rows[0]["f1_by_tenth"][-1])

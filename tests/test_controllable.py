@@ -5,7 +5,7 @@ import torch
 
 from idunlearn.config import ConfigError, controllable_runs, epsilon_boundary_runs, run_config, validate_config
 from idunlearn.controllable import (
-    PARETO_METRICS, final_objective, pareto_figure, pareto_summary, pareto_table, phase_two_epsilon,
+    PARETO_METRICS, bound_activity, final_objective, pareto_figure, pareto_summary, pareto_table, phase_two_epsilon,
 )
 from idunlearn.unlearning.optimisers import build_optimiser
 
@@ -83,6 +83,15 @@ def test_final_objective_and_phase_two_epsilon_by_hand():
     assert final_objective(lowest, "forget_loss") == pytest.approx(8.0)
     assert phase_two_epsilon(0.25, highest, lowest) == pytest.approx(2.0 + 0.25 * 6.0)
     assert phase_two_epsilon(0.5, lowest, highest) == pytest.approx(8.0)  # empty range: the highest boundary's f1
+
+
+def test_bound_activity_by_hand():
+    # logged out of order; batch f1 first <= 0.5 at step 3; from there eta_t = 0 on steps 3, 5 (2 of 4 steps)
+    log = pd.DataFrame({"step": [5, 1, 2, 3, 4, 6], "forget_loss": [0.2, 0.9, 0.7, 0.5, 0.6, 0.3],
+                        "eta_t": [0.0, 1.0, 2.0, 0.0, 0.4, 0.1]})
+    assert bound_activity(log, 0.5) == (3, pytest.approx(0.5))
+    first, share = bound_activity(log, 0.1)  # never reached
+    assert first is None and np.isnan(share)
 
 
 def test_pareto_table_summary_and_figure():

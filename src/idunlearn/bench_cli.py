@@ -160,7 +160,9 @@ def run_phase_two(args: argparse.Namespace) -> Path:
     write_json({"command": shlex.join(sys.orig_argv), "rows": table.to_dict("records")}, output)
     for row in table.itertuples():
         print(f"beta {row.beta:g}: epsilon {row.epsilon:.5f}, spacing {row.spacing:.5f}, f1 at the end "
-              f"{row.f1_end:.5f} ({row.spacings_from_bound:.2f} spacings from the bound, violation {row.violation:.5f})")
+              f"{row.f1_end:.5f} ({row.spacings_from_bound:.2f} spacings from the bound, violation {row.violation:.5f}); "
+              f"first at the bound at step {row.first_step_at_bound}, eta_t = 0 on {row.eta_zero_share_after:.0%} "
+              f"of the steps from there")
     print(f"-> {output}")
     return output
 

@@ -108,13 +108,29 @@ def pareto_figure(table: pd.DataFrame, summary: pd.DataFrame):
     return fig
 
 
+def bound_activity(losses: pd.DataFrame, epsilon: float) -> tuple[int | None, float]:
+    """Whether Phase II's bound still acts once it is reached: the first logged step whose batch f1 is <= epsilon,
+    and the share of steps from there on with eta_t = 0, where Algorithm 1 steps along the retain gradient alone
+    (psi < 0 and grad f2 . grad f1 >= psi). A share near 1 with f1 still falling means the retain descent itself
+    lowers f1: the paper's constraint bounds f1 from above only (Lemma 7: [f1 - epsilon]+), so nothing pulls it back
+    up to epsilon. (None, nan) when f1 never reaches the bound."""
+    ordered = losses.sort_values("step")
+    reached = ordered[ordered["forget_loss"] <= epsilon]
+    if reached.empty:
+        return None, float("nan")
+    first = int(reached["step"].iloc[0])
+    after = ordered[ordered["step"] >= first]
+    return first, float((after["eta_t"] == 0).mean())
+
+
 def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fraction: float = 0.5, seed: int = 0,
                        spacing_fraction: float = 0.25) -> pd.DataFrame:
     """How close Phase II ends to its bound: the boundary runs (``highest`` and the extension's ``original``, which
     needs no training to span a range) and one Phase II run at ``fraction`` per beta, every run on the same batches
     (one seed). One row per beta: epsilon, the spacing of the paper's grid (``spacing_fraction`` of the f1 range),
     f1 at the end (``final_objective``), the distance in spacings, the violation [f1 - epsilon]+ (what the paper's
-    Lemma 7 bounds) and f1's mean over each tenth of the steps."""
+    Lemma 7 bounds), whether the bound still acts once reached (``bound_activity``) and f1's mean over each tenth of
+    the steps."""
     def losses(name: str, **settings) -> pd.DataFrame:
         return unlearn(copy.deepcopy(generator), build_method(run["method"], run), data, {**run, **settings},
                        Path(workdir) / f"{name}.pt", seed=seed)[0]
@@ -127,7 +143,9 @@ def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fracti
         f1 = losses(f"controlled_{beta}", epsilon_phase="controlled", epsilon=epsilon, epsilon_beta=beta)
         end = final_objective(f1, "forget_loss")
         tenths = np.array_split(f1.sort_values("step")["forget_loss"].to_numpy(np.float64), 10)
+        first_at_bound, inactive_share = bound_activity(f1, epsilon)
         rows.append({"beta": beta, "epsilon": epsilon, "spacing": spacing, "f1_end": end,
                      "spacings_from_bound": abs(end - epsilon) / spacing, "violation": max(end - epsilon, 0.0),
+                     "first_step_at_bound": first_at_bound, "eta_zero_share_after": inactive_share,
                      "f1_by_tenth": [float(t.mean()) for t in tenths]})
     return pd.DataFrame(rows)
