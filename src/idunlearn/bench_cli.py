@@ -127,6 +127,9 @@ def add_phase_two_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--batch", type=int, default=2, help="forget and retain batch")
     parser.add_argument("--betas", type=float, nargs="+", default=[1.0], help="Phase II's epsilon_beta values")
     parser.add_argument("--fraction", type=float, default=0.5, help="Phase II's place between the boundaries")
+    parser.add_argument("--adam-betas", type=float, nargs=2, default=None, metavar=("BETA1", "BETA2"),
+                        help="AdamW betas of the base step (default: the epsilon-constrained runs' (0.9, 0.95)); "
+                             "BETA1 0 takes the momentum out")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None,
@@ -152,7 +155,8 @@ def run_phase_two(args: argparse.Namespace) -> Path:
         torch.set_num_threads(args.threads)
     generator = shipped_mini_generator(args.seed)
     data = random_unlearning_data(dim=generator.encoder.width, n_forget=4, n_retain=16, seed=args.seed)
-    run = {**resolve_run_settings({**default_run_settings(), "optimiser": "epsilon_constrained"}),
+    betas = {"betas": list(args.adam_betas)} if args.adam_betas else {}
+    run = {**resolve_run_settings({**default_run_settings(), "optimiser": "epsilon_constrained", **betas}),
            "steps": args.steps, "checkpoint_every": args.steps, "forget_batch": args.batch, "retain_batch": args.batch}
     with tempfile.TemporaryDirectory() as workdir:
         table = phase_two_tracking(generator, data, run, workdir, args.betas, args.fraction, args.seed)
