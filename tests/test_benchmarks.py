@@ -57,7 +57,7 @@ def test_phase_two_tracking_through_the_cli(tmp_path):
     rows = json.loads(output.read_text())["rows"]
     assert [row["beta"] for row in rows] == [1.0, 0.1] and len({row["epsilon"] for row in rows}) == 1
     for row in rows:  # the distance and violation are those of the run's own end and bound
-        assert row["spacing"] > 0 and len(row["f1_by_tenth"]) == 10
+        assert row["spacing"] > 0 and len(row["f1_by_tenth"]) == len(row["original_f1_by_tenth"]) == 10
         assert row["spacings_from_bound"] == pytest.approx(abs(row["f1_end"] - row["epsilon"]) / row["spacing"])
         assert row["violation"] == pytest.approx(max(row["f1_end"] - row["epsilon"], 0.0))
         if row["first_step_at_bound"] is None:  # never at the bound: f1 stayed above epsilon on every batch

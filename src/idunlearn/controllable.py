@@ -108,6 +108,11 @@ def pareto_figure(table: pd.DataFrame, summary: pd.DataFrame):
     return fig
 
 
+def f1_by_tenth(losses: pd.DataFrame) -> list[float]:
+    """The forget objective's mean over each tenth of the logged steps, in step order."""
+    return [float(t.mean()) for t in np.array_split(losses.sort_values("step")["forget_loss"].to_numpy(np.float64), 10)]
+
+
 def bound_activity(losses: pd.DataFrame, epsilon: float) -> tuple[int | None, float]:
     """Whether Phase II's bound still acts once it is reached: the first logged step whose batch f1 is <= epsilon,
     and the share of steps from there on with eta_t = 0, where Algorithm 1 steps along the retain gradient alone
@@ -130,7 +135,8 @@ def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fracti
     (one seed). One row per beta: epsilon, the spacing of the paper's grid (``spacing_fraction`` of the f1 range),
     f1 at the end (``final_objective``), the distance in spacings, the violation [f1 - epsilon]+ (what the paper's
     Lemma 7 bounds), whether the bound still acts once reached (``bound_activity``) and f1's mean over each tenth of
-    the steps."""
+    the steps, for the Phase II run and for both boundaries on the same batches (the ``original`` run's weights
+    never change, so its tenths show how much f1 moves with the batches alone)."""
     def losses(name: str, **settings) -> pd.DataFrame:
         return unlearn(copy.deepcopy(generator), build_method(run["method"], run), data, {**run, **settings},
                        Path(workdir) / f"{name}.pt", seed=seed)[0]
@@ -142,10 +148,10 @@ def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fracti
     for beta in betas:
         f1 = losses(f"controlled_{beta}", epsilon_phase="controlled", epsilon=epsilon, epsilon_beta=beta)
         end = final_objective(f1, "forget_loss")
-        tenths = np.array_split(f1.sort_values("step")["forget_loss"].to_numpy(np.float64), 10)
         first_at_bound, inactive_share = bound_activity(f1, epsilon)
         rows.append({"beta": beta, "epsilon": epsilon, "spacing": spacing, "f1_end": end,
                      "spacings_from_bound": abs(end - epsilon) / spacing, "violation": max(end - epsilon, 0.0),
                      "first_step_at_bound": first_at_bound, "eta_zero_share_after": inactive_share,
-                     "f1_by_tenth": [float(t.mean()) for t in tenths]})
+                     "f1_by_tenth": f1_by_tenth(f1), "highest_f1_by_tenth": f1_by_tenth(highest),
+                     "original_f1_by_tenth": f1_by_tenth(original)})
     return pd.DataFrame(rows)
