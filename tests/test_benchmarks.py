@@ -60,6 +60,9 @@ def test_phase_two_tracking_through_the_cli(tmp_path):
         assert row["spacing"] > 0 and len(row["f1_by_tenth"]) == len(row["original_f1_by_tenth"]) == 10
         assert row["spacings_from_bound"] == pytest.approx(abs(row["f1_end"] - row["epsilon"]) / row["spacing"])
         assert row["violation"] == pytest.approx(max(row["f1_end"] - row["epsilon"], 0.0))
+        # first_step bounds f1 itself: both distances are one
+        assert row["bounded"] == "forget_loss" and row["spacings_from_f1_bound"] == pytest.approx(
+            row["spacings_from_bound"])
         if row["first_step_at_bound"] is None:  # never at the bound: f1 stayed above epsilon on every batch
             assert row["f1_end"] > row["epsilon"]
         else:

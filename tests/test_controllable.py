@@ -5,7 +5,7 @@ import torch
 
 from idunlearn.config import ConfigError, controllable_runs, epsilon_boundary_runs, run_config, validate_config
 from idunlearn.controllable import (
-    PARETO_METRICS, bound_activity, final_objective, pareto_figure, pareto_summary, pareto_table, phase_two_epsilon,
+    PARETO_METRICS, bound_activity, bounded_column, final_objective, run_epsilon, pareto_figure, pareto_summary, pareto_table, phase_two_epsilon,
 )
 from idunlearn.unlearning.optimisers import build_optimiser
 
@@ -83,6 +83,23 @@ def test_final_objective_and_phase_two_epsilon_by_hand():
     assert final_objective(lowest, "forget_loss") == pytest.approx(8.0)
     assert phase_two_epsilon(0.25, highest, lowest) == pytest.approx(2.0 + 0.25 * 6.0)
     assert phase_two_epsilon(0.5, lowest, highest) == pytest.approx(8.0)  # empty range: the highest boundary's f1
+
+
+def test_batch_scale_takes_epsilon_from_the_relative_column_and_refuses_mixed_scales():
+    steps = np.arange(1, 11)
+    highest = pd.DataFrame({"step": steps, "forget_loss": 0.01, "forget_relative": np.r_[np.full(9, 0.9), 0.3]})
+    lowest = pd.DataFrame({"step": steps, "forget_loss": 0.05, "forget_relative": np.r_[np.full(9, 0.2), 0.9]})
+    assert bounded_column(highest) == "forget_relative" and bounded_column(highest[["step", "forget_loss"]]) == \
+        "forget_loss"
+    # the last tenth (one step): 0.3 and 0.9, so fraction 0.5 is 0.6, not 0.03 on f1 itself
+    batch_run = {"epsilon_scale": "batch", "epsilon_fraction": 0.5}
+    assert run_epsilon(batch_run, highest, lowest) == pytest.approx(0.6)
+    plain = [log[["step", "forget_loss"]] for log in (highest, lowest)]
+    assert run_epsilon({"epsilon_scale": "first_step", "epsilon_fraction": 0.5}, *plain) == pytest.approx(0.03)
+    with pytest.raises(ValueError, match="same epsilon_scale"):
+        run_epsilon(batch_run, *plain)
+    with pytest.raises(ValueError, match="same epsilon_scale"):
+        run_epsilon({"epsilon_scale": "first_step", "epsilon_fraction": 0.5}, highest, lowest)
 
 
 def test_bound_activity_by_hand():

@@ -13,13 +13,14 @@ from idunlearn.models.mini import build_mini_generator
 from idunlearn.unlearning import build_method
 from idunlearn.unlearning.base import Objectives
 from idunlearn.unlearning.optimisers import VARPI, build_optimiser, epsilon_at, flat_grad
+from idunlearn.unlearning.runner import unlearn
 
 from tiny_world import TINY, straight_and_resumed, tiny_data
 
 BASE = {"lr": 1e-2, "betas": [0.9, 0.999], "adam_eps": 1e-8, "weight_decay": 0.0, "lambda": 10.0,
         "eupmu_alpha": 0.1, "eupmu_beta": 0.5, "eupmu_epsilon": 0.2, "eupmu_max_lambda": 3.0,
         "epsilon_phase": "highest", "epsilon_alpha": 1.0, "epsilon_phase1_delta": 2, "epsilon_beta": 1.0,
-        "epsilon_phase2_delta": 1, "epsilon": None, "siss_beta": 0.1}
+        "epsilon_phase2_delta": 1, "epsilon": None, "epsilon_scale": "first_step", "siss_beta": 0.1}
 
 
 def _params(*values):
@@ -108,6 +109,37 @@ def test_phase_two_scales_beta_by_the_forget_objective_of_the_first_step_and_kee
     with pytest.raises(ValueError, match="forget objective is 0 at the first step"):
         build_optimiser(params, {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "controlled",
                                  "epsilon": 0.1}).step(_linear(params, c1, c2, f1_offset=-(c1 @ theta)))
+
+
+def test_batch_scale_bounds_f1_relative_to_the_batchs_original_f1_and_logs_it_in_every_phase():
+    c1, c2 = np.array([0.6, -0.3]), np.array([0.2, 0.1])
+    params = _params([0.0, 0.0])
+
+    def objectives(f1, reference):
+        theta = torch.cat([p.detach() for p in params]).numpy()
+        obj = _linear(params, c1, c2, f1_offset=f1 - c1 @ theta)
+        obj.forget_reference = torch.tensor(reference)
+        return obj
+
+    cfg = {**BASE, "optimiser": "epsilon_constrained", "epsilon_scale": "batch", "epsilon_beta": 2.0,
+           "epsilon_phase2_delta": 3}
+    opt = build_optimiser(params, {**cfg, "epsilon_phase": "controlled", "epsilon": 0.5})
+    row = opt.step(objectives(0.3, 0.4))  # f1 / f1_0 = 0.75 on this batch, whatever the first step was
+    assert row["forget_relative"] == pytest.approx(0.75)
+    assert row["psi_t"] == pytest.approx(2.0 * (0.75 - 0.5) ** 3 * (c1 @ c1))
+    row = opt.step(objectives(0.3, 0.8))  # the same f1 on a harder batch sits below the bound: psi < 0
+    assert row["psi_t"] == pytest.approx(2.0 * (0.375 - 0.5) ** 3 * (c1 @ c1)) and row["psi_t"] < 0
+    for phase in ("highest", "lowest", "original"):  # the boundaries log the column their epsilon is taken from
+        row = build_optimiser(params, {**cfg, "epsilon_phase": phase}).step(objectives(0.3, 0.6))
+        assert row["forget_relative"] == pytest.approx(0.5)
+    assert "forget_relative" not in build_optimiser(params, {**BASE, "optimiser": "epsilon_constrained"}).step(
+        objectives(0.3, 0.6))
+    with pytest.raises(ValueError, match="needs the method's forget_reference"):
+        build_optimiser(params, {**cfg, "epsilon_phase": "highest"}).step(_linear(params, c1, c2))
+    with pytest.raises(ValueError, match="no batch scale"):
+        build_optimiser(params, {**cfg, "epsilon_phase": "highest"}).step(objectives(0.3, 0.0))
+    with pytest.raises(ValueError, match="'epsilon_scale'"):
+        build_optimiser(params, {**cfg, "epsilon_scale": "per_batch"})
 
 
 def test_lowest_phase_descends_f1_freely_where_f2_and_its_gradient_are_0():
@@ -343,6 +375,25 @@ def test_piu_retain_again_recomputes_the_retain_loss_on_the_same_batch():
         for p in gen.unet.parameters():
             p.mul_(1.1)
     assert obj.retain_again().item() != pytest.approx(obj.retain.item(), rel=1e-3)
+
+
+def test_piu_forget_reference_is_its_forget_loss_at_the_teacher(tmp_path):
+    # the student starts as the teacher: at the first step f1 equals the teacher's f1 on the batch, so f1 / f1_0 = 1;
+    # once the student has moved it no longer does
+    torch.manual_seed(0)
+    run = {**RUN, "optimiser": "epsilon_constrained", "epsilon_scale": "batch", "lr": 1e-2}
+    log, _ = unlearn(build_mini_generator(TINY), build_method("piu", run), tiny_data(), run, tmp_path / "s.pt", seed=3)
+    # (1e-4: the teacher's prediction comes from a batch of twice the size, which rounds differently in float32)
+    assert log["forget_relative"].iloc[0] == pytest.approx(1.0, rel=1e-4)
+    assert log["forget_relative"].iloc[-1] != pytest.approx(1.0, rel=1e-3)
+    gen = build_mini_generator(TINY)
+    teacher = copy.deepcopy(gen.unet)
+    with torch.no_grad():  # ESD (through PIU) gives it too, without a retain term
+        for p in gen.unet.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    obj = build_method("esd", {**RUN, "preserve": False}).objectives(gen, teacher, tiny_data(), np.random.default_rng(1),
+                                                                     torch.Generator().manual_seed(1))
+    assert obj.retain is None and 0 < obj.forget_reference.item() != pytest.approx(obj.forget.item(), rel=1e-3)
 
 
 def test_eupmu_runs_in_the_loop_and_resumes_exactly(tmp_path):

@@ -130,6 +130,8 @@ def add_phase_two_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--adam-betas", type=float, nargs=2, default=None, metavar=("BETA1", "BETA2"),
                         help="AdamW betas of the base step (default: the epsilon-constrained runs' (0.9, 0.95)); "
                              "BETA1 0 takes the momentum out")
+    parser.add_argument("--epsilon-scale", choices=["first_step", "batch"], default="first_step",
+                        help="Phase II's loss scale (run setting epsilon_scale)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None,
@@ -156,15 +158,17 @@ def run_phase_two(args: argparse.Namespace) -> Path:
     generator = shipped_mini_generator(args.seed)
     data = random_unlearning_data(dim=generator.encoder.width, n_forget=4, n_retain=16, seed=args.seed)
     betas = {"betas": list(args.adam_betas)} if args.adam_betas else {}
-    run = {**resolve_run_settings({**default_run_settings(), "optimiser": "epsilon_constrained", **betas}),
+    run = {**resolve_run_settings({**default_run_settings(), "optimiser": "epsilon_constrained",
+                                   "epsilon_scale": args.epsilon_scale, **betas}),
            "steps": args.steps, "checkpoint_every": args.steps, "forget_batch": args.batch, "retain_batch": args.batch}
     with tempfile.TemporaryDirectory() as workdir:
         table = phase_two_tracking(generator, data, run, workdir, args.betas, args.fraction, args.seed)
     output = args.output or Path("results/benchmarks") / f"phase_two_{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     write_json({"command": shlex.join(sys.orig_argv), "rows": table.to_dict("records")}, output)
     for row in table.itertuples():
-        print(f"beta {row.beta:g}: epsilon {row.epsilon:.5f}, spacing {row.spacing:.5f}, f1 at the end "
-              f"{row.f1_end:.5f} ({row.spacings_from_bound:.2f} spacings from the bound, violation {row.violation:.5f}); "
+        print(f"beta {row.beta:g}: epsilon {row.epsilon:.5f} on {row.bounded}, spacing {row.spacing:.5f}, at the end "
+              f"{row.f1_end:.5f} ({row.spacings_from_bound:.2f} spacings from the bound, violation {row.violation:.5f}; "
+              f"f1 itself {row.spacings_from_f1_bound:.2f} spacings from the first_step bound); "
               f"first at the bound at step {row.first_step_at_bound}, eta_t = 0 on {row.eta_zero_share_after:.0%} "
               f"of the steps from there")
     print(f"-> {output}")

@@ -30,23 +30,42 @@ def final_objective(losses: pd.DataFrame, column: str) -> float:
     return float(values[-max(1, int(round(TAIL * len(values)))):].mean())
 
 
+def bounded_column(log: pd.DataFrame) -> str:
+    """The loss-log column Phase II's epsilon bounds: ``forget_relative`` (f1 / the original model's f1 on the same
+    batch) where the run logged it (``epsilon_scale: batch``), else ``forget_loss`` (f1 itself)."""
+    return "forget_relative" if "forget_relative" in log.columns else "forget_loss"
+
+
 def phase_two_epsilon(fraction: float, highest: pd.DataFrame, lowest: pd.DataFrame) -> float:
-    """Phase II's bound on f1 (the forget objective) at ``fraction`` of the range between the Phase I boundaries,
-    from their loss logs."""
-    return epsilon_at(fraction, final_objective(highest, "forget_loss"), final_objective(lowest, "forget_loss"))
+    """Phase II's bound on f1 (the forget objective, in the boundary runs' ``bounded_column``) at ``fraction`` of
+    the range between the Phase I boundaries, from their loss logs."""
+    column = bounded_column(highest)
+    return epsilon_at(fraction, final_objective(highest, column), final_objective(lowest, column))
 
 
-def boundary_range(highest: pd.DataFrame, lowest: pd.DataFrame) -> float:
-    """f1(lowest) - f1(highest) at the end of the two Phase I runs: the range Phase II's epsilon spans."""
-    return final_objective(lowest, "forget_loss") - final_objective(highest, "forget_loss")
+def run_epsilon(run: dict, highest: pd.DataFrame, lowest: pd.DataFrame) -> float:
+    """A Phase II run's epsilon at its ``epsilon_fraction`` from its identity's boundary runs, which must have
+    logged the column its ``epsilon_scale`` bounds (the controllable expansion gives every point the same scale)."""
+    expected = "forget_relative" if run["epsilon_scale"] == "batch" else "forget_loss"
+    if bounded_column(highest) != expected or bounded_column(lowest) != expected:
+        raise ValueError(f"Phase II run with epsilon_scale {run['epsilon_scale']!r}: its boundary runs were not run "
+                         f"with the same epsilon_scale (their loss logs lack or carry 'forget_relative'); give "
+                         f"epsilon_scale to the base run or to unlearning.controllable.<run>.overrides")
+    return phase_two_epsilon(run["epsilon_fraction"], highest, lowest)
+
+
+def boundary_range(highest: pd.DataFrame, lowest: pd.DataFrame, column: str = "forget_loss") -> float:
+    """f1(lowest) - f1(highest) at the end of the two Phase I runs (f1 itself, or ``column``)."""
+    return final_objective(lowest, column) - final_objective(highest, column)
 
 
 def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame,
                  losses: dict[tuple[str, int], pd.DataFrame], tolerances: dict[str, float]) -> pd.DataFrame:
     """One row per (base run, forget identity, point): completeness rank (0 = highest), f1 and f2 at the end of
-    training, Phase II's bound epsilon on f1 (NaN at the boundaries), the boundaries' f1 range and whether it is
-    degenerate (range <= the base run's tolerance: the boundaries coincide and every point is the same trade-off),
-    and the evaluation metrics. ``points``: base run -> [(point, run name)] in completeness order, the highest
+    training, Phase II's bound epsilon (NaN at the boundaries) and the bounded objective at the end (``f1_bounded``,
+    the same column as epsilon: f1, or f1 relative to the original model's under ``epsilon_scale: batch``), the
+    boundaries' f1 range and whether it is degenerate (range <= the base run's tolerance: the boundaries coincide
+    and every point is the same trade-off), and the evaluation metrics. ``points``: base run -> [(point, run name)] in completeness order, the highest
     boundary first and the lowest last; ``losses``: (run, identity) -> loss log; ``tolerances``: base run ->
     ``unlearning.controllable.<run>.tolerance``."""
     rows = []
@@ -62,6 +81,7 @@ def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame
                              "completeness_rank": rank, "epsilon": bound, "f1_range": f1_range,
                              "degenerate": bool(f1_range <= tolerances[base]),
                              "f1_forget": final_objective(log, "forget_loss"),
+                             "f1_bounded": final_objective(log, bounded_column(boundaries[0])),
                              "f2_retain": final_objective(log, "retain_loss"),
                              **{m: getattr(rec, m) for m in PARETO_METRICS}})
     return pd.DataFrame(rows).sort_values(["base_run", "forget_identity", "completeness_rank"]).reset_index(drop=True)
@@ -108,19 +128,19 @@ def pareto_figure(table: pd.DataFrame, summary: pd.DataFrame):
     return fig
 
 
-def f1_by_tenth(losses: pd.DataFrame) -> list[float]:
-    """The forget objective's mean over each tenth of the logged steps, in step order."""
-    return [float(t.mean()) for t in np.array_split(losses.sort_values("step")["forget_loss"].to_numpy(np.float64), 10)]
+def f1_by_tenth(losses: pd.DataFrame, column: str = "forget_loss") -> list[float]:
+    """The forget objective's (or ``column``'s) mean over each tenth of the logged steps, in step order."""
+    return [float(t.mean()) for t in np.array_split(losses.sort_values("step")[column].to_numpy(np.float64), 10)]
 
 
-def bound_activity(losses: pd.DataFrame, epsilon: float) -> tuple[int | None, float]:
+def bound_activity(losses: pd.DataFrame, epsilon: float, column: str = "forget_loss") -> tuple[int | None, float]:
     """Whether Phase II's bound still acts once it is reached: the first logged step whose batch f1 is <= epsilon,
     and the share of steps from there on with eta_t = 0, where Algorithm 1 steps along the retain gradient alone
     (psi < 0 and grad f2 . grad f1 >= psi). A share near 1 with f1 still falling means the retain descent itself
     lowers f1: the paper's constraint bounds f1 from above only (Lemma 7: [f1 - epsilon]+), so nothing pulls it back
     up to epsilon. (None, nan) when f1 never reaches the bound."""
     ordered = losses.sort_values("step")
-    reached = ordered[ordered["forget_loss"] <= epsilon]
+    reached = ordered[ordered[column] <= epsilon]
     if reached.empty:
         return None, float("nan")
     first = int(reached["step"].iloc[0])
@@ -132,26 +152,34 @@ def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fracti
                        spacing_fraction: float = 0.25) -> pd.DataFrame:
     """How close Phase II ends to its bound: the boundary runs (``highest`` and the extension's ``original``, which
     needs no training to span a range) and one Phase II run at ``fraction`` per beta, every run on the same batches
-    (one seed). One row per beta: epsilon, the spacing of the paper's grid (``spacing_fraction`` of the f1 range),
-    f1 at the end (``final_objective``), the distance in spacings, the violation [f1 - epsilon]+ (what the paper's
-    Lemma 7 bounds), whether the bound still acts once reached (``bound_activity``) and f1's mean over each tenth of
-    the steps, for the Phase II run and for both boundaries on the same batches (the ``original`` run's weights
-    never change, so its tenths show how much f1 moves with the batches alone)."""
+    (one seed). One row per beta, in the column epsilon bounds (``bounded_column``: f1, or f1 relative to the
+    original model's on the batch under the run's ``epsilon_scale: batch``): epsilon, the spacing of the paper's
+    grid (``spacing_fraction`` of the boundaries' range), the bounded objective at the end (``final_objective``), the
+    distance in spacings, the violation [f1 - epsilon]+ (what the paper's Lemma 7 bounds), whether the bound still
+    acts once reached (``bound_activity``) and the mean over each tenth of the steps, for the Phase II run and for
+    both boundaries on the same batches (the ``original`` run's weights never change, so its tenths show how much f1
+    moves with the batches alone); and, whatever the scale, the distance of f1 itself from the bound that
+    ``epsilon_scale: first_step`` would set (``spacings_from_f1_bound``), so that both scales are compared on one
+    measure."""
     def losses(name: str, **settings) -> pd.DataFrame:
         return unlearn(copy.deepcopy(generator), build_method(run["method"], run), data, {**run, **settings},
                        Path(workdir) / f"{name}.pt", seed=seed)[0]
 
     highest, original = losses("highest", epsilon_phase="highest"), losses("original", epsilon_phase="original")
-    spacing = spacing_fraction * boundary_range(highest, original)
+    column = bounded_column(highest)
+    spacing = spacing_fraction * boundary_range(highest, original, column)
     epsilon = phase_two_epsilon(fraction, highest, original)
+    f1_spacing = spacing_fraction * boundary_range(highest, original)
+    f1_epsilon = epsilon_at(fraction, final_objective(highest, "forget_loss"), final_objective(original, "forget_loss"))
     rows = []
     for beta in betas:
         f1 = losses(f"controlled_{beta}", epsilon_phase="controlled", epsilon=epsilon, epsilon_beta=beta)
-        end = final_objective(f1, "forget_loss")
-        first_at_bound, inactive_share = bound_activity(f1, epsilon)
-        rows.append({"beta": beta, "epsilon": epsilon, "spacing": spacing, "f1_end": end,
+        end = final_objective(f1, column)
+        first_at_bound, inactive_share = bound_activity(f1, epsilon, column)
+        rows.append({"beta": beta, "bounded": column, "epsilon": epsilon, "spacing": spacing, "f1_end": end,
                      "spacings_from_bound": abs(end - epsilon) / spacing, "violation": max(end - epsilon, 0.0),
+                     "spacings_from_f1_bound": abs(final_objective(f1, "forget_loss") - f1_epsilon) / f1_spacing,
                      "first_step_at_bound": first_at_bound, "eta_zero_share_after": inactive_share,
-                     "f1_by_tenth": f1_by_tenth(f1), "highest_f1_by_tenth": f1_by_tenth(highest),
-                     "original_f1_by_tenth": f1_by_tenth(original)})
+                     "f1_by_tenth": f1_by_tenth(f1, column), "highest_f1_by_tenth": f1_by_tenth(highest, column),
+                     "original_f1_by_tenth": f1_by_tenth(original, column)})
     return pd.DataFrame(rows)

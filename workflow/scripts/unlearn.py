@@ -3,7 +3,7 @@ import os
 import pandas as pd
 import torch
 
-from idunlearn.controllable import phase_two_epsilon
+from idunlearn.controllable import run_epsilon
 from idunlearn.experiment import load_generator, run_selection, unlearn_selection
 from idunlearn.io import read_json, write_json, write_parquet
 from idunlearn.runlog import stage_log
@@ -15,7 +15,7 @@ with stage_log(snakemake.log[0], "unlearn") as log:
     i, p, out = snakemake.input, snakemake.params, snakemake.output
     run, centroids = p.run, pd.read_parquet(i.centroids)
     if run["epsilon_fraction"] is not None:  # Phase II: epsilon from this identity's Phase I boundary runs
-        run = {**run, "epsilon": phase_two_epsilon(run["epsilon_fraction"], *map(pd.read_parquet, i.boundaries))}
+        run = {**run, "epsilon": run_epsilon(run, *map(pd.read_parquet, i.boundaries))}
         log.info("Phase II epsilon %.6g at fraction %s", run["epsilon"], run["epsilon_fraction"])
     if "tuning_choice" in i.keys() and i.tuning_choice:  # <run>.tuned: the setting the tuning protocol chose
         run = tuned_settings(run, read_json(i.tuning_choice[0]), snakemake.wildcards.run)

@@ -63,6 +63,9 @@ class Objectives:
     # the retain loss recomputed on this step's retain batch at the current parameters (EUPMU's same-batch
     # measurement after the update); None where the method cannot recompute it
     retain_again: Callable[[], torch.Tensor] | None = None
+    # the forget objective of the frozen teacher (the run's starting model) on this step's forget batch, without
+    # gradient: the scale of the epsilon-constrained optimiser's batch-relative bound; None where a method has none
+    forget_reference: torch.Tensor | None = None
 
 
 class UnlearningMethod(abc.ABC):

@@ -29,6 +29,7 @@ import torch
 from .base import Objectives
 
 VARPI = 1e-7  # numerical stability variable of the epsilon-constrained Algorithm 1 (line 1)
+EPSILON_SCALES = ("first_step", "batch")  # Phase II: f1 in units of its first-step value, or of each batch's f1_0
 EPSILON_PHASES = ("highest", "lowest", "controlled", "original")
 
 
@@ -233,12 +234,17 @@ class EpsilonConstrained(Optimiser):
     - ``controlled`` (Phase II): psi = beta ((f1 - epsilon) / s)^delta2 ||grad f1||^2, delta2 odd, s = |f1| at the
       run's first step (the original model): Section 5.4's scaled psi with f1 - epsilon in units of the loss, so
       that beta means the same on any loss scale (unscaled, eta_t ~ beta (f1 - epsilon) is a small fraction of the
-      retain pull when f1 is small, and Phase II stops short of its bound);
+      retain pull when f1 is small, and Phase II stops short of its bound). With ``epsilon_scale: batch`` (an
+      extension) f1 and epsilon are relative to the original model's f1 on the same batch,
+      psi = beta (f1 / f1_0(batch) - epsilon)^delta2 ||grad f1||^2, f1_0 = the method's ``forget_reference``: one
+      fixed epsilon then means the same on easy and hard batches (README "Controllable unlearning");
     - ``original``: no update, only f1 and f2 logged on the run's batches (an extension, not the paper's: the
       original model in place of the lowest boundary, see ``unlearning.controllable.<run>.lowest``).
 
     Config: ``epsilon_alpha`` (alpha), ``epsilon_phase1_delta`` (delta1 >= 1), ``epsilon_beta`` (beta),
-    ``epsilon_phase2_delta`` (delta2), ``epsilon`` (Phase II's absolute bound on f1; see ``epsilon_at``).
+    ``epsilon_phase2_delta`` (delta2), ``epsilon`` (Phase II's bound on f1; see ``epsilon_at``), ``epsilon_scale``
+    (``first_step`` or ``batch``; with ``batch`` every phase logs ``forget_relative`` = f1 / f1_0, the column its
+    epsilon is taken from).
     """
 
     name = "epsilon_constrained"
@@ -251,6 +257,10 @@ class EpsilonConstrained(Optimiser):
                              f"{', '.join(EPSILON_PHASES)}")
         self.alpha, self.delta1 = cfg["epsilon_alpha"], cfg["epsilon_phase1_delta"]
         self.beta, self.delta2, self.epsilon = cfg["epsilon_beta"], cfg["epsilon_phase2_delta"], cfg["epsilon"]
+        self.scale = cfg["epsilon_scale"]
+        if self.scale not in EPSILON_SCALES:
+            raise ValueError(f"config key 'epsilon_scale': {self.scale!r} is unknown; use one of "
+                             f"{', '.join(EPSILON_SCALES)}")
         if self.alpha <= 0 or self.beta <= 0:
             raise ValueError(f"config keys 'epsilon_alpha' and 'epsilon_beta' must be > 0 "
                              f"(got {self.alpha}, {self.beta})")
@@ -265,17 +275,35 @@ class EpsilonConstrained(Optimiser):
                              "f1 of the 'lowest' run)")
         self.state = {"f1_scale": None}  # Phase II: |f1| at the first step
 
+    def _relative(self, objectives: Objectives) -> dict:
+        """``forget_relative`` = f1 / f1_0 on this batch, logged in every phase under ``epsilon_scale: batch``."""
+        if self.scale == "first_step":
+            return {}
+        if objectives.forget_reference is None:
+            raise ValueError("epsilon_scale 'batch' needs the method's forget_reference (the original model's forget "
+                             "objective on the batch; PIU and ESD give it): use epsilon_scale 'first_step' here")
+        reference = objectives.forget_reference.item()
+        if reference <= 0:
+            raise ValueError(f"epsilon_scale 'batch': the original model's forget objective on this batch is "
+                             f"{reference}, so f1 has no batch scale; use epsilon_scale 'first_step'")
+        return {"forget_relative": objectives.forget.item() / reference}
+
     def step(self, objectives: Objectives) -> dict:
         self._check(objectives, need_retain=True)
+        relative = self._relative(objectives)
         if self.phase == "original":
-            return self._row(objectives, objectives.retain.item(), 0)
+            return self._row(objectives, objectives.retain.item(), 0, **relative)
         g_forget, g_retain = self._gradients(objectives)
         if self.phase == "lowest":  # min f1 s.t. f2 <= f2*: the constrained objective is the retain objective
             g1, g2, f1, f2 = g_retain, g_forget, objectives.retain.item(), objectives.forget.item()
         else:
             g1, g2, f1, f2 = g_forget, g_retain, objectives.forget.item(), objectives.retain.item()
         squared = g1.dot(g1).item()
-        if self.phase == "controlled":
+        if self.phase == "controlled" and self.scale == "batch":
+            # epsilon-constrained Section 5.4's psi on f1 relative to the original model's on the batch (extension):
+            # psi = beta (f1 / f1_0 - epsilon)^delta ||grad f1||^2
+            psi = self.beta * (relative["forget_relative"] - self.epsilon) ** int(self.delta2) * squared
+        elif self.phase == "controlled":
             if self.state["f1_scale"] is None:
                 if f1 == 0:
                     raise ValueError("epsilon_phase 'controlled': the forget objective is 0 at the first step, so "
@@ -287,7 +315,7 @@ class EpsilonConstrained(Optimiser):
             psi = self.alpha * math.sqrt(squared) ** self.delta1  # Section 4.3 Phase I: psi = alpha ||grad f1||^delta
         eta = max((psi - g2.dot(g1).item()) / (squared + VARPI), 0.0)  # epsilon-constrained Algorithm 1 line 9
         self._step_along(g2 + eta * g1)  # Algorithm 1 lines 10-11
-        return self._row(objectives, f2 + eta * f1, 2, eta_t=eta, psi_t=psi)
+        return self._row(objectives, f2 + eta * f1, 2, eta_t=eta, psi_t=psi, **relative)
 
 
 class SISSScaled(Optimiser):

@@ -63,8 +63,9 @@ class PIU(UnlearningMethod):
                                                      torch.cat([c_ref, c_f]), unet=teacher).chunk(2)
         target = negative_guidance_target(eps_ref, eps_f, p["eta"])
         forget = mse_loss(generator.predict_noise(x_t, t, c_f).float(), target.float())  # PIU eq. 2
+        reference = mse_loss(eps_f.float(), target.float())  # PIU eq. 2 at the frozen teacher, same batch
         if not p.get("preserve", True):
-            return Objectives(forget, None)
+            return Objectives(forget, None, forget_reference=reference)
         retain_emb = draw_rows(data.retain_train, n_r, rng)
         retain_emb, x_r, t_r = self._joined(generator, "retain", retain_emb,  # own latents and timesteps
                                             *noisy_latents(sched, generator.latent_shape, n_r, gen, device))
@@ -79,4 +80,4 @@ class PIU(UnlearningMethod):
             with autocast:
                 return mse_loss(generator.predict_noise(x_r, t_r, c_r).float(), eps_keep.float())
 
-        return Objectives(forget, retain_loss(), retain_again=retain_loss)
+        return Objectives(forget, retain_loss(), retain_again=retain_loss, forget_reference=reference)
