@@ -5,7 +5,8 @@ import torch
 
 from idunlearn.config import ConfigError, controllable_runs, epsilon_boundary_runs, run_config, validate_config
 from idunlearn.controllable import (
-    PARETO_METRICS, bound_activity, bounded_column, final_objective, run_epsilon, pareto_figure, pareto_summary, pareto_table, phase_two_epsilon,
+    PARETO_METRICS, bound_activity, bounded_column, final_objective, pareto_figure, pareto_summary, pareto_table,
+    phase_two_epsilon, run_epsilon,
 )
 from idunlearn.unlearning.optimisers import build_optimiser
 

@@ -391,8 +391,8 @@ def test_piu_forget_reference_is_its_forget_loss_at_the_teacher(tmp_path):
     with torch.no_grad():  # ESD (through PIU) gives it too, without a retain term
         for p in gen.unet.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    obj = build_method("esd", {**RUN, "preserve": False}).objectives(gen, teacher, tiny_data(), np.random.default_rng(1),
-                                                                     torch.Generator().manual_seed(1))
+    obj = build_method("esd", {**RUN, "preserve": False}).objectives(
+        gen, teacher, tiny_data(), np.random.default_rng(1), torch.Generator().manual_seed(1))
     assert obj.retain is None and 0 < obj.forget_reference.item() != pytest.approx(obj.forget.item(), rel=1e-3)
 
 

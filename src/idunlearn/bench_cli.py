@@ -167,7 +167,8 @@ def run_phase_two(args: argparse.Namespace) -> Path:
     write_json({"command": shlex.join(sys.orig_argv), "rows": table.to_dict("records")}, output)
     for row in table.itertuples():
         print(f"beta {row.beta:g}: epsilon {row.epsilon:.5f} on {row.bounded}, spacing {row.spacing:.5f}, at the end "
-              f"{row.f1_end:.5f} ({row.spacings_from_bound:.2f} spacings from the bound, violation {row.violation:.5f}; "
+              f"{row.f1_end:.5f} ({row.spacings_from_bound:.2f} spacings from the bound, "
+              f"violation {row.violation:.5f}; "
               f"f1 itself {row.spacings_from_f1_bound:.2f} spacings from the first_step bound); "
               f"first at the bound at step {row.first_step_at_bound}, eta_t = 0 on {row.eta_zero_share_after:.0%} "
               f"of the steps from there")

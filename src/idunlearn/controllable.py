@@ -30,23 +30,29 @@ def final_objective(losses: pd.DataFrame, column: str) -> float:
     return float(values[-max(1, int(round(TAIL * len(values)))):].mean())
 
 
+# the loss-log column Phase II's epsilon bounds, per ``epsilon_scale``: f1 itself, or f1 / the original model's f1
+# on the same batch (logged by the epsilon-constrained optimiser under ``batch`` only)
+BOUNDED_COLUMNS = {"first_step": "forget_loss", "batch": "forget_relative"}
+
+
 def bounded_column(log: pd.DataFrame) -> str:
-    """The loss-log column Phase II's epsilon bounds: ``forget_relative`` (f1 / the original model's f1 on the same
-    batch) where the run logged it (``epsilon_scale: batch``), else ``forget_loss`` (f1 itself)."""
-    return "forget_relative" if "forget_relative" in log.columns else "forget_loss"
+    """The column Phase II's epsilon bounds in a run's loss log: ``forget_relative`` where the run logged it
+    (``epsilon_scale: batch``), else ``forget_loss``."""
+    relative = BOUNDED_COLUMNS["batch"]
+    return relative if relative in log.columns else BOUNDED_COLUMNS["first_step"]
 
 
-def phase_two_epsilon(fraction: float, highest: pd.DataFrame, lowest: pd.DataFrame) -> float:
-    """Phase II's bound on f1 (the forget objective, in the boundary runs' ``bounded_column``) at ``fraction`` of
-    the range between the Phase I boundaries, from their loss logs."""
-    column = bounded_column(highest)
+def phase_two_epsilon(fraction: float, highest: pd.DataFrame, lowest: pd.DataFrame, column: str | None = None) -> float:
+    """Phase II's bound on f1 (the forget objective, in ``column``; by default the boundary runs'
+    ``bounded_column``) at ``fraction`` of the range between the Phase I boundaries, from their loss logs."""
+    column = column or bounded_column(highest)
     return epsilon_at(fraction, final_objective(highest, column), final_objective(lowest, column))
 
 
 def run_epsilon(run: dict, highest: pd.DataFrame, lowest: pd.DataFrame) -> float:
     """A Phase II run's epsilon at its ``epsilon_fraction`` from its identity's boundary runs, which must have
     logged the column its ``epsilon_scale`` bounds (the controllable expansion gives every point the same scale)."""
-    expected = "forget_relative" if run["epsilon_scale"] == "batch" else "forget_loss"
+    expected = BOUNDED_COLUMNS[run["epsilon_scale"]]
     if bounded_column(highest) != expected or bounded_column(lowest) != expected:
         raise ValueError(f"Phase II run with epsilon_scale {run['epsilon_scale']!r}: its boundary runs were not run "
                          f"with the same epsilon_scale (their loss logs lack or carry 'forget_relative'); give "
@@ -65,9 +71,9 @@ def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame
     training, Phase II's bound epsilon (NaN at the boundaries) and the bounded objective at the end (``f1_bounded``,
     the same column as epsilon: f1, or f1 relative to the original model's under ``epsilon_scale: batch``), the
     boundaries' f1 range and whether it is degenerate (range <= the base run's tolerance: the boundaries coincide
-    and every point is the same trade-off), and the evaluation metrics. ``points``: base run -> [(point, run name)] in completeness order, the highest
-    boundary first and the lowest last; ``losses``: (run, identity) -> loss log; ``tolerances``: base run ->
-    ``unlearning.controllable.<run>.tolerance``."""
+    and every point is the same trade-off), and the evaluation metrics. ``points``: base run -> [(point, run
+    name)] in completeness order, the highest boundary first and the lowest last; ``losses``: (run, identity) ->
+    loss log; ``tolerances``: base run -> ``unlearning.controllable.<run>.tolerance``."""
     rows = []
     for base, runs in points.items():
         highest, lowest = runs[0][1], runs[-1][1]
@@ -170,7 +176,7 @@ def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fracti
     spacing = spacing_fraction * boundary_range(highest, original, column)
     epsilon = phase_two_epsilon(fraction, highest, original)
     f1_spacing = spacing_fraction * boundary_range(highest, original)
-    f1_epsilon = epsilon_at(fraction, final_objective(highest, "forget_loss"), final_objective(original, "forget_loss"))
+    f1_epsilon = phase_two_epsilon(fraction, highest, original, "forget_loss")
     rows = []
     for beta in betas:
         f1 = losses(f"controlled_{beta}", epsilon_phase="controlled", epsilon=epsilon, epsilon_beta=beta)
