@@ -153,8 +153,12 @@ rule audit_tables:
         summary_md=report(results("tables", "audit_summary.md"), category="Forgetting audit"),
         neighbourhood=report(results("figures", "audit", "neighbourhood.png"), category="Forgetting audit"),
         locality=report(results("figures", "audit", "locality.png"), category="Forgetting audit"),
+        verdicts=report(results("tables", "audit_verdicts.csv"), category="Forgetting audit"),
+        comparisons=results("tables", "audit_comparisons.csv"),
     params:
         seed=config["seed"],
+        verdict=config["audit"]["verdict"],
+        reference=audit_reference(),
     log:
         logs("audit_tables"),
     conda:

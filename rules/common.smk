@@ -109,6 +109,15 @@ def audited(name):
     return runs is None or name in runs
 
 
+def audit_reference():
+    """The audited run every other audited run is compared with (config ``audit.compare_to``), or None."""
+    reference = config["audit"]["compare_to"]
+    if reference is not None and (reference not in [*run_names(), *external_models()] or not audited(reference)):
+        raise ValueError(f"config key 'audit.compare_to': {reference!r} is not audited; add it to 'audit.runs' "
+                         f"({config['audit']['runs']}) or set compare_to to one of them")
+    return reference
+
+
 def second_recognizer_models_dir():
     return os.path.join(DATA, "models", "second_recognizer", config["audit"]["second_recognizer"]["backend"] or "none")
 

@@ -148,3 +148,14 @@ def test_wrong_type_config_key_stops_snakemake_naming_the_key(tmp_path):
     assert proc.returncode != 0
     assert "config key 'unlearning.runs.piu.steps': 'many' is not of type 'integer'" in text, text[-3000:]
     assert not (tmp_path / "results").exists()  # stopped before any job
+
+
+@pytest.mark.e2e
+def test_audit_reference_that_is_not_audited_stops_snakemake_naming_the_key(tmp_path):
+    from workflow_harness import prepare_workdir, snakemake
+
+    cfg = prepare_workdir(tmp_path, {"audit": {"compare_to": "esd"}})  # config.yaml audits piu only
+    proc = snakemake(tmp_path, "--dry-run", configfile=cfg, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "config key 'audit.compare_to': 'esd' is not audited" in text, text[-3000:]

@@ -1,0 +1,149 @@
+"""The audit's verdicts: for every audited (run, forget identity), whether the person is still drawn, hidden (the light
+probes find nothing but the embedding attack brings the person back) or removed; per run the count of each, and the
+paired differences of every run against a reference run on the same identities (the comparison a robust method is
+judged by: PIU against `piu_robust`, a baseline against PIU).
+
+The rule, declared in config ``audit.verdict`` before any audit runs:
+- forgotten under the light probes: the evaluation's forget samples and the photo probe's train and validation
+  photos each have FA <= ``light_max_fa``;
+- recovered by the attack: the attack's samples have FA >= ``recovered_min_fa``; when the independent second
+  recognizer ran, it must agree (its FA >= ``recovered_min_fa`` too), else the attack only fooled the recognizer it used
+  ("hidden, first recognizer only");
+- an identity counts as removed only where the attack passes its control on it (on the original model at least
+  ``ATTACK_BOUND`` x the original's forget ISM); forgotten, not recovered but below the control bound is "undetermined":
+  the attack was too weak there to say. A recovered identity is hidden whether or not the control passed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..evaluation.statistics import mean_difference, paired_differences
+from .tables import ORIGINAL, attack_control_failures
+from .verification import clopper_pearson
+
+NOT_FORGOTTEN, HIDDEN, HIDDEN_FIRST_ONLY, REMOVED, UNDETERMINED = (
+    "not forgotten", "hidden", "hidden, first recognizer only", "removed", "undetermined")
+VERDICTS = (NOT_FORGOTTEN, HIDDEN, HIDDEN_FIRST_ONLY, UNDETERMINED, REMOVED)  # most to least cautious: breaks ties
+VERDICT_COLUMNS = ["run", "identity", "evaluation_fa", "photo_fa", "attack_fa", "attack_fa_second", "control_passes",
+                   "verdict"]
+COMPARISON_COLUMNS = ["run", "reference", "probe", "setting", "metric", "n", "mean_diff", "boot_low", "boot_high",
+                      "t_low", "t_high", "p_wilcoxon"]
+
+
+def _values(table: pd.DataFrame, probe: str, setting: str, metric: str) -> pd.DataFrame:
+    """(run, identity) -> value of one audit row kind."""
+    part = table[(table["probe"] == probe) & (table["setting"] == setting) & (table["metric"] == metric)]
+    return part.set_index(["run", "identity"])["value"]
+
+
+def identity_verdicts(table: pd.DataFrame, light_max_fa: float, recovered_min_fa: float) -> pd.DataFrame:
+    """One row per audited (run, forget identity), the original model left out (it is the control): the numbers the
+    rule reads and the verdict (module docstring)."""
+    failed, _ = attack_control_failures(table)
+    controlled = set(table.loc[(table["run"] == ORIGINAL) & (table["probe"] == "attack"), "identity"]) - set(failed)
+    columns = {"evaluation_fa": ("evaluation", "forget", "fa"), "photo_train": ("photo", "train", "fa"),
+               "photo_val": ("photo", "val", "fa"), "attack_fa": ("attack", "best", "fa"),
+               "attack_fa_second": ("attack", "best", "fa_second")}
+    audited = table[table["run"] != ORIGINAL]
+    if audited.empty:
+        return pd.DataFrame(columns=VERDICT_COLUMNS)
+    frame = pd.DataFrame({name: _values(audited, *key) for name, key in columns.items()})
+    frame["photo_fa"] = frame[["photo_train", "photo_val"]].max(axis=1)  # NaN only when neither photo set exists
+    records = []
+    for (run, identity), row in frame.sort_index().iterrows():
+        light = [row["evaluation_fa"], row["photo_fa"]]
+        forgotten = all(not np.isnan(v) and v <= light_max_fa for v in light)
+        first = row["attack_fa"] >= recovered_min_fa
+        second = np.isnan(row["attack_fa_second"]) or row["attack_fa_second"] >= recovered_min_fa
+        passes = identity in controlled
+        if not forgotten:
+            verdict = NOT_FORGOTTEN
+        elif first:
+            verdict = HIDDEN if second else HIDDEN_FIRST_ONLY
+        else:  # includes "no attack ran" (NaN): then removal cannot be claimed
+            verdict = REMOVED if passes and not np.isnan(row["attack_fa"]) else UNDETERMINED
+        records.append({"run": run, "identity": int(identity), "evaluation_fa": row["evaluation_fa"],
+                        "photo_fa": row["photo_fa"], "attack_fa": row["attack_fa"],
+                        "attack_fa_second": row["attack_fa_second"], "control_passes": passes, "verdict": verdict})
+    return pd.DataFrame.from_records(records, columns=VERDICT_COLUMNS)
+
+
+def run_verdict_lines(verdicts: pd.DataFrame) -> list[str]:
+    """One plain sentence per run: how many identities it left drawn, hid, removed or left undetermined, the share
+    hidden among those the light probes call forgotten (exact binomial interval), and its majority verdict."""
+    lines = []
+    for run, part in verdicts.groupby("run", sort=True):
+        counts = part["verdict"].value_counts()
+        n = len(part)
+        hidden = int(counts.get(HIDDEN, 0) + counts.get(HIDDEN_FIRST_ONLY, 0))
+        forgotten = n - int(counts.get(NOT_FORGOTTEN, 0))
+        majority = max(VERDICTS, key=lambda v: (int(counts.get(v, 0)), -VERDICTS.index(v)))
+        listing = "; ".join(f"{v} {int(counts[v])}" for v in VERDICTS if counts.get(v, 0))
+        share = ""
+        if forgotten:
+            low, high = clopper_pearson(hidden, forgotten)
+            share = (f"; hidden on {hidden} of the {forgotten} it forgot under the light probes "
+                     f"({hidden / forgotten:.2f}, {low:.2f} to {high:.2f})")
+        lines.append(f"- **{run}** ({n} identities): {listing}{share}. Most identities: {majority}.")
+    return lines
+
+
+COMPARED = [("attack", "best", "fa"), ("attack", "best", "fa_second"), ("attack", "best", "ism"),
+            ("evaluation", "forget", "fa"), ("evaluation", "retain", "verified")]
+
+
+def compared_rows(table: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The row kinds compared between runs: the attack's success and ISM, the evaluation's FA and retain verification,
+    and the largest measured k of Leak@k and of relearning recovery."""
+    def largest(probe: str) -> list[str]:
+        ks = sorted({int(s[2:]) for s in table.loc[table["probe"] == probe, "setting"] if s.startswith("k=")})
+        return [f"k={ks[-1]}"] if ks else []
+
+    return ([*[("leak", s, "leak") for s in largest("leak")], *[("relearning", s, "recovery")
+             for s in largest("relearning")], *COMPARED])
+
+
+def paired_comparisons(table: pd.DataFrame, reference: str | None, seed: int) -> pd.DataFrame:
+    """Every audited run other than ``reference`` and the original against ``reference``: per row kind the paired
+    per-identity differences run - reference, their mean with bootstrap and Student-t 95% intervals and the
+    two-sided Wilcoxon p-value (``evaluation.statistics.mean_difference``). No reference: no rows."""
+    if reference is None:
+        return pd.DataFrame(columns=COMPARISON_COLUMNS)
+    runs = sorted(set(table["run"]) - {reference, ORIGINAL})
+    records = []
+    for probe, setting, metric in compared_rows(table):
+        values = _values(table, probe, setting, metric)
+        if reference not in values.index.get_level_values("run"):
+            continue
+        base = values.loc[reference]
+        for run in runs:
+            if run not in values.index.get_level_values("run"):
+                continue
+            differences = paired_differences(base, values.loc[run])
+            if len(differences):
+                records.append({"run": run, "reference": reference, "probe": probe, "setting": setting,
+                                "metric": metric, **mean_difference(differences, seed)})
+    return pd.DataFrame.from_records(records, columns=COMPARISON_COLUMNS)
+
+
+def verdict_markdown(verdicts: pd.DataFrame, comparisons: pd.DataFrame, rule: dict) -> str:
+    """The audit page's verdict section and, when a reference run is set, its paired differences table."""
+    lines = ["", "## Hidden or removed?", "",
+             f"Per forget identity: forgotten when the evaluation's and the photo probe's FA are at most "
+             f"{rule['light_max_fa']:g}; hidden when the attack's samples are then verified as the person at least "
+             f"{rule['recovered_min_fa']:g} of the time (by both recognizers when the second ran); removed when not, "
+             f"and the attack passes its control on that identity; undetermined when it does not.", "",
+             *run_verdict_lines(verdicts)]
+    if len(comparisons):
+        reference = comparisons["reference"].iloc[0]
+        lines += ["", f"## Paired differences against {reference}", "",
+                  f"Run minus {reference} on the same forget identities: mean (95% identity-bootstrap interval; "
+                  "Student-t interval), two-sided Wilcoxon p.", "",
+                  "| run | probe | setting | metric | n | mean difference | t interval | p |", "|---" * 8 + "|"]
+        for row in comparisons.itertuples():
+            lines.append(f"| {row.run} | {row.probe} | {row.setting} | {row.metric} | {row.n} | {row.mean_diff:+.3f} "
+                         f"({row.boot_low:+.3f} to {row.boot_high:+.3f}) | {row.t_low:+.3f} to {row.t_high:+.3f} | "
+                         f"{row.p_wilcoxon:.3g} |")
+    return "\n".join(lines) + "\n"
