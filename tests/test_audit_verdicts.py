@@ -89,3 +89,16 @@ def test_paired_comparisons_by_hand(table):
     assert paired_comparisons(both, None, seed=0).empty
     text = verdict_markdown(identity_verdicts(both, **RULE), paired_comparisons(both, "piu", seed=0), RULE)
     assert "## Paired differences against piu" in text and "| robust | attack | best | fa | 3 | -0.292" in text
+
+
+def test_retain_ism_change_is_compared_as_the_sample_weighted_mean_of_the_locality_rows(table):
+    def locality(run: str, identity: int, changes: dict) -> list[dict]:  # retain identity -> (ISM change, samples)
+        return [{"run": run, "identity": identity, "probe": "locality", "setting": str(r), "metric": "ism_delta",
+                 "value": v, "ci_low": np.nan, "ci_high": np.nan, "n": n, "cosine": 0.1} for r, (v, n) in changes.items()]
+
+    extra = pd.DataFrame.from_records([*locality("piu", 1, {8: (-0.02, 3), 9: (0.0, 1)}),
+                                       *locality("robust", 1, {8: (-0.06, 3), 9: (0.04, 1)})])
+    compared = paired_comparisons(pd.concat([table, extra], ignore_index=True), "piu", seed=0)
+    row = compared.set_index(["probe", "setting", "metric"]).loc[("locality", "mean", "ism_delta")]
+    # piu: (3 x -0.02 + 0) / 4 = -0.015; robust: (3 x -0.06 + 0.04) / 4 = -0.035; difference -0.02
+    assert row["n"] == 1 and row["mean_diff"] == pytest.approx(-0.02)

@@ -32,8 +32,16 @@ COMPARISON_COLUMNS = ["run", "reference", "probe", "setting", "metric", "n", "me
                       "t_low", "t_high", "p_wilcoxon"]
 
 
-def _values(table: pd.DataFrame, probe: str, setting: str, metric: str) -> pd.DataFrame:
-    """(run, identity) -> value of one audit row kind."""
+LOCALITY_MEAN = ("locality", "mean", "ism_delta")  # retain ISM after - before over all retain samples
+
+
+def _values(table: pd.DataFrame, probe: str, setting: str, metric: str) -> pd.Series:
+    """(run, identity) -> value of one audit row kind; LOCALITY_MEAN: the job's retain identities' ISM changes
+    weighted by their sample counts, i.e. the mean change over all retain samples."""
+    if (probe, setting, metric) == LOCALITY_MEAN:
+        part = table[(table["probe"] == probe) & (table["metric"] == metric)]
+        weighted = (part["value"] * part["n"]).groupby([part["run"], part["identity"]]).sum()
+        return weighted / part.groupby(["run", "identity"])["n"].sum()
     part = table[(table["probe"] == probe) & (table["setting"] == setting) & (table["metric"] == metric)]
     return part.set_index(["run", "identity"])["value"]
 
@@ -91,11 +99,12 @@ def run_verdict_lines(verdicts: pd.DataFrame) -> list[str]:
 
 
 COMPARED = [("attack", "best", "fa"), ("attack", "best", "fa_second"), ("attack", "best", "ism"),
-            ("evaluation", "forget", "fa"), ("evaluation", "retain", "verified")]
+            ("evaluation", "forget", "fa"), ("evaluation", "retain", "verified"), LOCALITY_MEAN]
 
 
 def compared_rows(table: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The row kinds compared between runs: the attack's success and ISM, the evaluation's FA and retain verification,
+    the retain ISM change (the difference of two runs' changes is the difference of their retain ISM, same samples),
     and the largest measured k of Leak@k and of relearning recovery."""
     def largest(probe: str) -> list[str]:
         ks = sorted({int(s[2:]) for s in table.loc[table["probe"] == probe, "setting"] if s.startswith("k=")})
