@@ -112,6 +112,22 @@ def test_bound_activity_by_hand():
     assert first is None and np.isnan(share)
 
 
+def test_tracking_by_hand():
+    from idunlearn.controllable import epsilon_spacing, tracking
+
+    assert epsilon_spacing(["0.25", "0.5", "0.75"]) == 0.25 and epsilon_spacing([0.3]) == 0.3
+    # 20 steps: f1 falls 1.0, 0.9, ..., crosses epsilon 0.5 at step 6, dips to 0.3 (steps 8-10), ends at 0.45
+    f1 = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.3, 0.3, 0.35, 0.35, 0.4, 0.4, 0.4, 0.4, 0.45, 0.45, 0.45, 0.45]
+    log = pd.DataFrame({"step": np.arange(1, 21), "forget_relative": f1, "eta_t": [1.0] * 6 + [0.0] * 14})
+    tracked = tracking(log, epsilon=0.5, column="forget_relative", spacing=0.2)
+    # end: mean of the last 10% (2 steps) 0.45, gap -0.05 / 0.2; lowest tenth from step 6 on: steps 9-10, 0.3
+    assert tracked["bound_gap_spacings"] == pytest.approx(-0.25)
+    assert tracked["overshoot_spacings"] == pytest.approx(-1.0)
+    assert tracked["first_step_at_bound"] == 6 and tracked["bound_idle_share"] == pytest.approx(14 / 15)
+    never = tracking(log, epsilon=0.1, column="forget_relative", spacing=0.2)
+    assert never["first_step_at_bound"] is None and np.isnan(never["overshoot_spacings"])
+
+
 def test_pareto_table_summary_and_figure():
     points = {"piu": [("highest", "piu.eps_highest"), ("0.5", "piu.eps_0.5"), ("lowest", "piu.eps_lowest")]}
     metrics, losses = [], {}
@@ -119,12 +135,16 @@ def test_pareto_table_summary_and_figure():
         for ident in (3, 5):
             metrics.append({"run": run, "forget_identity": ident, **{m: 0.1 * rank + 0.01 * ident for m in PARETO_METRICS}})
             losses[(run, ident)] = pd.DataFrame({"step": [1, 2], "forget_loss": [9.0, 1.0 + rank],
-                                                 "retain_loss": [0.0, 2.0 - rank]})
+                                                 "retain_loss": [0.0, 2.0 - rank], "eta_t": [1.0, 0.0]})
     table = pareto_table(points, pd.DataFrame(metrics), losses, {"piu": 1.5})
     assert len(table) == 6 and table["f1_forget"].tolist() == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
     # Phase II's bound at fraction 0.5 of [f1(highest), f1(lowest)] = [1, 3] (last step of two: 10% rounds to 1)
     np.testing.assert_array_equal(table["epsilon"], [np.nan, 2.0, np.nan, np.nan, 2.0, np.nan])
     assert (table["f1_range"] == 2.0).all() and not table["degenerate"].any()
+    # Phase II ends at its bound (f1 2.0 at the last step), first reached at step 2, where eta_t = 0
+    phase_two = table[table["point"] == "0.5"]
+    assert (phase_two["bound_gap_spacings"] == 0.0).all() and (phase_two["first_step_at_bound"] == 2).all()
+    assert (phase_two["bound_idle_share"] == 1.0).all() and table.loc[table["point"] != "0.5", "bound_gap_spacings"].isna().all()
     # a range within the tolerance is a degenerate front: flagged, and the table is still written
     assert pareto_table(points, pd.DataFrame(metrics), losses, {"piu": 2.0})["degenerate"].all()
     summary = pareto_summary(table)

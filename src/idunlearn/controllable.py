@@ -65,29 +65,58 @@ def boundary_range(highest: pd.DataFrame, lowest: pd.DataFrame, column: str = "f
     return final_objective(lowest, column) - final_objective(highest, column)
 
 
+def epsilon_spacing(fractions) -> float:
+    """The smallest gap between neighbouring bounds, as a fraction of the boundaries' range: Phase II's fractions
+    with the boundaries' own 0 and 1 (0.25 for fractions 0.25, 0.5, 0.75)."""
+    return float(np.diff(sorted({0.0, 1.0, *map(float, fractions)})).min())
+
+
+def tracking(log: pd.DataFrame, epsilon: float, column: str, spacing: float) -> dict:
+    """How a Phase II run tracked its bound, in the bounded ``column``'s units: ``bound_gap_spacings`` = (its end
+    value - epsilon) / ``spacing`` (the epsilon spacing in those units; negative: it ended below the bound, i.e. more
+    forgetting than asked), the lowest tenth-of-steps mean after the first step at the bound
+    (``overshoot_spacings``, same units: momentum carrying f1 past the bound), the first step at the bound (None:
+    never reached) and the share of steps from there on with eta_t = 0 (``bound_activity``)."""
+    first, idle = bound_activity(log, epsilon, column)
+    after = [mean for last, mean in tenths(log, column) if first is not None and last >= first]
+    return {"bound_gap_spacings": (final_objective(log, column) - epsilon) / spacing,
+            "overshoot_spacings": (min(after) - epsilon) / spacing if after else float("nan"),
+            "first_step_at_bound": first, "bound_idle_share": idle}
+
+
+TRACKING_COLUMNS = ["bound_gap_spacings", "overshoot_spacings", "first_step_at_bound", "bound_idle_share"]
+
+
 def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame,
                  losses: dict[tuple[str, int], pd.DataFrame], tolerances: dict[str, float]) -> pd.DataFrame:
     """One row per (base run, forget identity, point): completeness rank (0 = highest), f1 and f2 at the end of
     training, Phase II's bound epsilon (NaN at the boundaries) and the bounded objective at the end (``f1_bounded``,
-    the same column as epsilon: f1, or f1 relative to the original model's under ``epsilon_scale: batch``), the
-    boundaries' f1 range and whether it is degenerate (range <= the base run's tolerance: the boundaries coincide
-    and every point is the same trade-off), and the evaluation metrics. ``points``: base run -> [(point, run
-    name)] in completeness order, the highest boundary first and the lowest last; ``losses``: (run, identity) ->
-    loss log; ``tolerances``: base run -> ``unlearning.controllable.<run>.tolerance``."""
+    the same column as epsilon: f1, or f1 relative to the original model's under ``epsilon_scale: batch``), how
+    Phase II tracked its bound (``tracking``; NaN at the boundaries), the boundaries' f1 range and whether it is
+    degenerate (range <= the base run's tolerance: the boundaries coincide and every point is the same trade-off),
+    and the evaluation metrics. ``points``: base run -> [(point, run name)] in completeness order, the highest
+    boundary first and the lowest last; ``losses``: (run, identity) -> loss log; ``tolerances``: base run ->
+    ``unlearning.controllable.<run>.tolerance``."""
     rows = []
     for base, runs in points.items():
         highest, lowest = runs[0][1], runs[-1][1]
+        spacing = epsilon_spacing(point for point, _ in runs[1:-1])
         for rank, (point, run) in enumerate(runs):
             for rec in metrics[metrics["run"] == run].itertuples():
                 log, identity = losses[(run, rec.forget_identity)], rec.forget_identity
                 boundaries = losses[(highest, identity)], losses[(lowest, identity)]
-                bound = float("nan") if run in (highest, lowest) else phase_two_epsilon(float(point), *boundaries)
+                column = bounded_column(boundaries[0])
                 f1_range = boundary_range(*boundaries)
+                if run in (highest, lowest):
+                    bound, tracked = float("nan"), dict.fromkeys(TRACKING_COLUMNS, float("nan"))
+                else:
+                    bound = phase_two_epsilon(float(point), *boundaries)
+                    tracked = tracking(log, bound, column, spacing * boundary_range(*boundaries, column=column))
                 rows.append({"base_run": base, "forget_identity": identity, "point": point, "run": run,
                              "completeness_rank": rank, "epsilon": bound, "f1_range": f1_range,
                              "degenerate": bool(f1_range <= tolerances[base]),
                              "f1_forget": final_objective(log, "forget_loss"),
-                             "f1_bounded": final_objective(log, bounded_column(boundaries[0])),
+                             "f1_bounded": final_objective(log, column), **tracked,
                              "f2_retain": final_objective(log, "retain_loss"),
                              **{m: getattr(rec, m) for m in PARETO_METRICS}})
     return pd.DataFrame(rows).sort_values(["base_run", "forget_identity", "completeness_rank"]).reset_index(drop=True)
@@ -101,7 +130,7 @@ def pareto_summary(table: pd.DataFrame) -> pd.DataFrame:
     for (base, rank, point), group in table.groupby(["base_run", "completeness_rank", "point"], sort=True):
         record = {"base_run": base, "point": point, "completeness_rank": rank, "n_identities": len(group),
                   "n_degenerate": int(group["degenerate"].sum())}
-        for col in ["epsilon", "f1_range", "f1_forget", "f2_retain", *PARETO_METRICS]:
+        for col in ["epsilon", "f1_range", "f1_forget", "f2_retain", "bound_gap_spacings", *PARETO_METRICS]:
             record[f"{col}_mean"], record[f"{col}_ci95"] = mean_ci(group[col])
         records.append(record)
     summary = pd.DataFrame(records)
@@ -134,9 +163,17 @@ def pareto_figure(table: pd.DataFrame, summary: pd.DataFrame):
     return fig
 
 
+def tenths(losses: pd.DataFrame, column: str) -> list[tuple[int, float]]:
+    """(last step, mean of ``column``) of each tenth of the logged steps, in step order (one per step below ten)."""
+    ordered = losses.sort_values("step")
+    chunks = zip(np.array_split(ordered["step"].to_numpy(), 10),
+                 np.array_split(ordered[column].to_numpy(np.float64), 10))
+    return [(int(steps[-1]), float(values.mean())) for steps, values in chunks if len(steps)]
+
+
 def f1_by_tenth(losses: pd.DataFrame, column: str = "forget_loss") -> list[float]:
     """The forget objective's (or ``column``'s) mean over each tenth of the logged steps, in step order."""
-    return [float(t.mean()) for t in np.array_split(losses.sort_values("step")[column].to_numpy(np.float64), 10)]
+    return [mean for _, mean in tenths(losses, column)]
 
 
 def bound_activity(losses: pd.DataFrame, epsilon: float, column: str = "forget_loss") -> tuple[int | None, float]:
@@ -180,12 +217,12 @@ def phase_two_tracking(generator, data, run: dict, workdir, betas=(1.0,), fracti
     rows = []
     for beta in betas:
         f1 = losses(f"controlled_{beta}", epsilon_phase="controlled", epsilon=epsilon, epsilon_beta=beta)
-        end = final_objective(f1, column)
-        first_at_bound, inactive_share = bound_activity(f1, epsilon, column)
+        end, tracked = final_objective(f1, column), tracking(f1, epsilon, column, spacing)
         rows.append({"beta": beta, "bounded": column, "epsilon": epsilon, "spacing": spacing, "f1_end": end,
-                     "spacings_from_bound": abs(end - epsilon) / spacing, "violation": max(end - epsilon, 0.0),
+                     "spacings_from_bound": abs(tracked["bound_gap_spacings"]), "violation": max(end - epsilon, 0.0),
                      "spacings_from_f1_bound": abs(final_objective(f1, "forget_loss") - f1_epsilon) / f1_spacing,
-                     "first_step_at_bound": first_at_bound, "eta_zero_share_after": inactive_share,
+                     "first_step_at_bound": tracked["first_step_at_bound"],
+                     "eta_zero_share_after": tracked["bound_idle_share"],
                      "f1_by_tenth": f1_by_tenth(f1, column), "highest_f1_by_tenth": f1_by_tenth(highest, column),
                      "original_f1_by_tenth": f1_by_tenth(original, column)})
     return pd.DataFrame(rows)
