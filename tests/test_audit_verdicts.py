@@ -70,7 +70,9 @@ def test_run_line_counts_and_share_hidden(table):
     assert line.startswith("- **piu** (5 identities): not forgotten 1; hidden 1; hidden, first recognizer only 1; "
                            "undetermined 1; removed 1; hidden on 2 of the 4 it forgot")
     assert "(0.50, 0.07 to 0.93)" in line
-    assert line.endswith("Most identities: not forgotten.")  # a five-way tie goes to the most cautious verdict
+    assert line.endswith("Most identities: hidden.")  # both kinds of hidden together: 2 against 1 each
+    tie = identity_verdicts(table[table["identity"] != 2], **RULE)  # 1 each: the most cautious verdict wins
+    assert run_verdict_lines(tie)[0].endswith("Most identities: not forgotten.")
 
 
 def test_paired_comparisons_by_hand(table):

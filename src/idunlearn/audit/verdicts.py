@@ -80,14 +80,17 @@ def identity_verdicts(table: pd.DataFrame, light_max_fa: float, recovered_min_fa
 
 def run_verdict_lines(verdicts: pd.DataFrame) -> list[str]:
     """One plain sentence per run: how many identities it left drawn, hid, removed or left undetermined, the share
-    hidden among those the light probes call forgotten (exact binomial interval), and its majority verdict."""
+    hidden among those the light probes call forgotten (exact binomial interval), and its majority verdict (both
+    kinds of hidden together; ties go to the more cautious verdict)."""
     lines = []
     for run, part in verdicts.groupby("run", sort=True):
         counts = part["verdict"].value_counts()
         n = len(part)
         hidden = int(counts.get(HIDDEN, 0) + counts.get(HIDDEN_FIRST_ONLY, 0))
         forgotten = n - int(counts.get(NOT_FORGOTTEN, 0))
-        majority = max(VERDICTS, key=lambda v: (int(counts.get(v, 0)), -VERDICTS.index(v)))
+        grouped = {v: int(counts.get(v, 0)) for v in VERDICTS if v != HIDDEN_FIRST_ONLY}
+        grouped[HIDDEN] = hidden  # both kinds of hidden count together for the majority
+        majority = max(grouped, key=lambda v: (grouped[v], -VERDICTS.index(v)))
         listing = "; ".join(f"{v} {int(counts[v])}" for v in VERDICTS if counts.get(v, 0))
         share = ""
         if forgotten:
