@@ -172,7 +172,8 @@ def tenths(losses: pd.DataFrame, column: str) -> list[tuple[int, float]]:
 
 
 def f1_by_tenth(losses: pd.DataFrame, column: str = "forget_loss") -> list[float]:
-    """The forget objective's (or ``column``'s) mean over each tenth of the logged steps, in step order."""
+    """The forget objective's (or ``column``'s) mean over each tenth of the logged steps, in step order (``tenths``:
+    one per step below ten steps)."""
     return [mean for _, mean in tenths(losses, column)]
 
 

@@ -116,15 +116,14 @@ def audit_markdown(summary: pd.DataFrame, tau: dict, table: pd.DataFrame | None 
 ATTACK_BOUND = 0.9  # the attack must recover this share of the original model's forget ISM to mean anything
 
 
-def attack_control_failures(table: pd.DataFrame) -> tuple[list, int]:
-    """The forget identities whose attack on the original model stays below 0.9 x the original's forget ISM (there
-    the attack's result on an unlearned model says little), and how many identities the control was run on."""
+def attack_control_by_identity(table: pd.DataFrame) -> dict[int, bool]:
+    """Per forget identity the control was run on: whether the attack on the original model reaches at least 0.9 x
+    the original's forget ISM (where it does not, the attack's result on an unlearned model says little)."""
     original = table[(table["run"] == ORIGINAL) & (table["metric"] == "ism")]
     attacked = original[(original["probe"] == "attack") & (original["setting"] == "best")].set_index("identity")
     before = original[(original["probe"] == "evaluation") & (original["setting"] == "forget")].set_index("identity")
     both = attacked.index.intersection(before.index)
-    failed = [i for i in both if attacked.loc[i, "value"] < ATTACK_BOUND * before.loc[i, "value"]]
-    return sorted(failed), len(both)
+    return {int(i): bool(attacked.loc[i, "value"] >= ATTACK_BOUND * before.loc[i, "value"]) for i in both}
 
 
 def attack_control_lines(summary: pd.DataFrame, table: pd.DataFrame | None = None) -> list[str]:
@@ -141,7 +140,8 @@ def attack_control_lines(summary: pd.DataFrame, table: pd.DataFrame | None = Non
     line = (f"Attack control: on the original model the attack's samples reach ISM {attacked:.3f}, {ratio:.2f} x the "
             f"original's forget ISM {before:.3f}; the bound is {ATTACK_BOUND}: the attack {verdict}.")
     if table is not None:
-        failed, n = attack_control_failures(table)
+        passes = attack_control_by_identity(table)
+        failed, n = sorted(i for i, ok in passes.items() if not ok), len(passes)
         line += (f" Per identity it passes on {n - len(failed)} of {n}" +
                  (f"; below the bound on {', '.join(str(i) for i in failed)}, where its results on unlearned models "
                   "mean little." if failed else "."))

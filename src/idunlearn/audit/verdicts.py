@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..evaluation.statistics import mean_difference, paired_differences
-from .tables import ORIGINAL, attack_control_failures
+from .tables import ORIGINAL, attack_control_by_identity
 from .verification import clopper_pearson
 
 NOT_FORGOTTEN, HIDDEN, HIDDEN_FIRST_ONLY, REMOVED, UNDETERMINED = (
@@ -49,8 +49,7 @@ def _values(table: pd.DataFrame, probe: str, setting: str, metric: str) -> pd.Se
 def identity_verdicts(table: pd.DataFrame, light_max_fa: float, recovered_min_fa: float) -> pd.DataFrame:
     """One row per audited (run, forget identity), the original model left out (it is the control): the numbers the
     rule reads and the verdict (module docstring)."""
-    failed, _ = attack_control_failures(table)
-    controlled = set(table.loc[(table["run"] == ORIGINAL) & (table["probe"] == "attack"), "identity"]) - set(failed)
+    control = attack_control_by_identity(table)  # identities without the control never pass it
     columns = {"evaluation_fa": ("evaluation", "forget", "fa"), "photo_train": ("photo", "train", "fa"),
                "photo_val": ("photo", "val", "fa"), "attack_fa": ("attack", "best", "fa"),
                "attack_fa_second": ("attack", "best", "fa_second")}
@@ -65,7 +64,7 @@ def identity_verdicts(table: pd.DataFrame, light_max_fa: float, recovered_min_fa
         forgotten = all(not np.isnan(v) and v <= light_max_fa for v in light)
         first = row["attack_fa"] >= recovered_min_fa
         second = np.isnan(row["attack_fa_second"]) or row["attack_fa_second"] >= recovered_min_fa
-        passes = identity in controlled
+        passes = control.get(int(identity), False)
         if not forgotten:
             verdict = NOT_FORGOTTEN
         elif first:
