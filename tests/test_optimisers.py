@@ -20,7 +20,8 @@ from tiny_world import TINY, straight_and_resumed, tiny_data
 BASE = {"lr": 1e-2, "betas": [0.9, 0.999], "adam_eps": 1e-8, "weight_decay": 0.0, "lambda": 10.0,
         "eupmu_alpha": 0.1, "eupmu_beta": 0.5, "eupmu_epsilon": 0.2, "eupmu_max_lambda": 3.0,
         "epsilon_phase": "highest", "epsilon_alpha": 1.0, "epsilon_phase1_delta": 2, "epsilon_beta": 1.0,
-        "epsilon_phase2_delta": 1, "epsilon": None, "epsilon_scale": "first_step", "siss_beta": 0.1}
+        "epsilon_phase2_delta": 1, "epsilon": None, "epsilon_scale": "first_step", "epsilon_step_limit": False,
+        "siss_beta": 0.1}
 
 
 def _params(*values):
@@ -228,6 +229,41 @@ def test_phase_two_converges_to_the_kkt_solution_at_epsilon(fraction):
     theta = _run(opt, params, F1, F2)
     np.testing.assert_allclose(theta, _constrained_optimum(eps), atol=5e-3)
     assert float(F1(torch.as_tensor(theta))) == pytest.approx(eps, abs=5e-3)
+
+
+@pytest.mark.parametrize("scale, reference", [("first_step", None), ("batch", 0.8)])
+def test_phase_two_step_limit_lands_a_crossing_step_on_the_bound_and_leaves_others_alone(scale, reference):
+    # linear f1 = c1 . theta + offset: the first-order change the limiter predicts is the exact change
+    c1, c2 = np.array([0.6, -0.3]), np.array([0.2, 0.1])
+    cfg = {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "controlled", "epsilon_scale": scale,
+           "lr": 0.5, "epsilon": 0.4 if scale == "first_step" else 0.5}
+
+    def bounded(params, f1_at_zero):
+        theta = torch.cat([p.detach() for p in params]).numpy()
+        return (f1_at_zero + c1 @ theta) / (reference or 1.0)
+
+    def step(limit, f1_at_zero):
+        params = _params([0.0, 0.0])
+        objectives = _linear(params, c1, c2, f1_offset=f1_at_zero)
+        if reference is not None:
+            objectives.forget_reference = torch.tensor(reference, dtype=torch.float64)
+        row = build_optimiser(params, {**cfg, "epsilon_step_limit": limit}).step(objectives)
+        return row, params
+
+    above = cfg["epsilon"] * (reference or 1.0) + 0.05  # f1 just above the bound: AdamW's first step (length lr
+    free, free_params = step(False, above)  # per coordinate) carries it well below
+    assert bounded(free_params, above) < cfg["epsilon"] - 0.05 and "step_scale" not in free
+    limited, limited_params = step(True, above)
+    assert bounded(limited_params, above) == pytest.approx(cfg["epsilon"])
+    factor = limited["step_scale"]
+    assert 0 < factor < 1
+    np.testing.assert_allclose(torch.cat([p.detach() for p in limited_params]).numpy(),
+                               factor * torch.cat([p.detach() for p in free_params]).numpy())  # shortened, same way
+    below = cfg["epsilon"] * (reference or 1.0) - 0.05  # already below: the step is left as it was
+    row, params = step(True, below)
+    assert row["step_scale"] == 1.0
+    np.testing.assert_array_equal(torch.cat([p.detach() for p in params]).numpy(),
+                                  torch.cat([p.detach() for p in step(False, below)[1]]).numpy())
 
 
 def test_epsilon_at_spans_the_range_between_the_boundaries():

@@ -132,6 +132,8 @@ def add_phase_two_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                              "BETA1 0 takes the momentum out")
     parser.add_argument("--epsilon-scale", choices=["first_step", "batch"], default="first_step",
                         help="Phase II's loss scale (run setting epsilon_scale)")
+    parser.add_argument("--step-limit", action="store_true",
+                        help="shorten steps that would cross the bound (run setting epsilon_step_limit)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None,
@@ -159,7 +161,8 @@ def run_phase_two(args: argparse.Namespace) -> Path:
     data = random_unlearning_data(dim=generator.encoder.width, n_forget=4, n_retain=16, seed=args.seed)
     betas = {"betas": list(args.adam_betas)} if args.adam_betas else {}
     run = {**resolve_run_settings({**default_run_settings(), "optimiser": "epsilon_constrained",
-                                   "epsilon_scale": args.epsilon_scale, **betas}),
+                                   "epsilon_scale": args.epsilon_scale,
+                                   "epsilon_step_limit": args.step_limit, **betas}),
            "steps": args.steps, "checkpoint_every": args.steps, "forget_batch": args.batch, "retain_batch": args.batch}
     with tempfile.TemporaryDirectory() as workdir:
         table = phase_two_tracking(generator, data, run, workdir, args.betas, args.fraction, args.seed)
