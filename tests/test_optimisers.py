@@ -20,12 +20,16 @@ from tiny_world import TINY, straight_and_resumed, tiny_data
 BASE = {"lr": 1e-2, "betas": [0.9, 0.999], "adam_eps": 1e-8, "weight_decay": 0.0, "lambda": 10.0,
         "eupmu_alpha": 0.1, "eupmu_beta": 0.5, "eupmu_epsilon": 0.2, "eupmu_max_lambda": 3.0,
         "epsilon_phase": "highest", "epsilon_alpha": 1.0, "epsilon_phase1_delta": 2, "epsilon_beta": 1.0,
-        "epsilon_phase2_delta": 1, "epsilon": None, "epsilon_scale": "first_step", "epsilon_step_limit": False,
+        "epsilon_phase2_delta": 1, "epsilon": None, "epsilon_scale": "first_step", "epsilon_hold_bound": False,
         "siss_beta": 0.1}
 
 
 def _params(*values):
     return [torch.nn.Parameter(torch.tensor(v, dtype=torch.float64)) for v in values]
+
+
+def _theta(params):
+    return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
 
 
 def _grad(params):
@@ -232,38 +236,38 @@ def test_phase_two_converges_to_the_kkt_solution_at_epsilon(fraction):
 
 
 @pytest.mark.parametrize("scale, reference", [("first_step", None), ("batch", 0.8)])
-def test_phase_two_step_limit_lands_a_crossing_step_on_the_bound_and_leaves_others_alone(scale, reference):
-    # linear f1 = c1 . theta + offset: the first-order change the limiter predicts is the exact change
-    c1, c2 = np.array([0.6, -0.3]), np.array([0.2, 0.1])
+def test_phase_two_hold_bound_keeps_f1_from_stepping_below_the_bound_and_changes_the_step_only_along_grad_f1(
+        scale, reference):
+    # linear f1 = c1 . theta + offset: the first-order change the correction uses is the exact change
+    c1 = np.array([0.6, -0.3])
     cfg = {**BASE, "optimiser": "epsilon_constrained", "epsilon_phase": "controlled", "epsilon_scale": scale,
            "lr": 0.5, "epsilon": 0.4 if scale == "first_step" else 0.5}
+    f1_bound = cfg["epsilon"] * (reference or 1.0)  # the bound in units of f1
 
-    def bounded(params, f1_at_zero):
-        theta = torch.cat([p.detach() for p in params]).numpy()
-        return (f1_at_zero + c1 @ theta) / (reference or 1.0)
-
-    def step(limit, f1_at_zero):
+    def step(hold, f1_at_zero, c2=(0.2, 0.1)):
         params = _params([0.0, 0.0])
         objectives = _linear(params, c1, c2, f1_offset=f1_at_zero)
         if reference is not None:
             objectives.forget_reference = torch.tensor(reference, dtype=torch.float64)
-        row = build_optimiser(params, {**cfg, "epsilon_step_limit": limit}).step(objectives)
-        return row, params
+        return build_optimiser(params, {**cfg, "epsilon_hold_bound": hold}).step(objectives), _theta(params)
 
-    above = cfg["epsilon"] * (reference or 1.0) + 0.05  # f1 just above the bound: AdamW's first step (length lr
-    free, free_params = step(False, above)  # per coordinate) carries it well below
-    assert bounded(free_params, above) < cfg["epsilon"] - 0.05 and "step_scale" not in free
-    limited, limited_params = step(True, above)
-    assert bounded(limited_params, above) == pytest.approx(cfg["epsilon"])
-    factor = limited["step_scale"]
-    assert 0 < factor < 1
-    np.testing.assert_allclose(torch.cat([p.detach() for p in limited_params]).numpy(),
-                               factor * torch.cat([p.detach() for p in free_params]).numpy())  # shortened, same way
-    below = cfg["epsilon"] * (reference or 1.0) - 0.05  # already below: the step is left as it was
-    row, params = step(True, below)
-    assert row["step_scale"] == 1.0
-    np.testing.assert_array_equal(torch.cat([p.detach() for p in params]).numpy(),
-                                  torch.cat([p.detach() for p in step(False, below)[1]]).numpy())
+    def along_grad_f1(shift):
+        return abs(shift @ np.array([c1[1], -c1[0]])) < 1e-12 and shift @ c1 > 0
+
+    above = f1_bound + 0.05  # AdamW's first step (length lr per coordinate) carries f1 well below the bound
+    free, free_theta = step(False, above)
+    assert (above + c1 @ free_theta) / (reference or 1.0) < cfg["epsilon"] - 0.05 and "bound_correction" not in free
+    held, held_theta = step(True, above)
+    assert (above + c1 @ held_theta) / (reference or 1.0) == pytest.approx(cfg["epsilon"])  # lands on the bound
+    assert held["bound_correction"] > 0 and along_grad_f1(held_theta - free_theta)
+    below = f1_bound - 0.05  # below the bound, a step that descends f1 further leaves it where it was
+    free, free_theta = step(False, below)
+    assert c1 @ free_theta < 0
+    held, held_theta = step(True, below)
+    assert c1 @ held_theta == pytest.approx(0.0, abs=1e-12) and along_grad_f1(held_theta - free_theta)
+    row, theta = step(True, below, c2=(-0.2, 0.1))  # a step that raises f1 is left as it was
+    assert c1 @ theta > 0 and row["bound_correction"] == 0.0
+    np.testing.assert_array_equal(theta, step(False, below, c2=(-0.2, 0.1))[1])
 
 
 def test_epsilon_at_spans_the_range_between_the_boundaries():

@@ -132,8 +132,8 @@ def add_phase_two_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                              "BETA1 0 takes the momentum out")
     parser.add_argument("--epsilon-scale", choices=["first_step", "batch"], default="first_step",
                         help="Phase II's loss scale (run setting epsilon_scale)")
-    parser.add_argument("--step-limit", action="store_true",
-                        help="shorten steps that would cross the bound (run setting epsilon_step_limit)")
+    parser.add_argument("--hold-bound", action="store_true",
+                        help="correct steps that would take f1 below the bound (run setting epsilon_hold_bound)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None,
@@ -162,7 +162,7 @@ def run_phase_two(args: argparse.Namespace) -> Path:
     betas = {"betas": list(args.adam_betas)} if args.adam_betas else {}
     run = {**resolve_run_settings({**default_run_settings(), "optimiser": "epsilon_constrained",
                                    "epsilon_scale": args.epsilon_scale,
-                                   "epsilon_step_limit": args.step_limit, **betas}),
+                                   "epsilon_hold_bound": args.hold_bound, **betas}),
            "steps": args.steps, "checkpoint_every": args.steps, "forget_batch": args.batch, "retain_batch": args.batch}
     with tempfile.TemporaryDirectory() as workdir:
         table = phase_two_tracking(generator, data, run, workdir, args.betas, args.fraction, args.seed)

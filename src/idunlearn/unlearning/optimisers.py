@@ -241,16 +241,18 @@ class EpsilonConstrained(Optimiser):
     - ``original``: no update, only f1 and f2 logged on the run's batches (an extension, not the paper's: the
       original model in place of the lowest boundary, see ``unlearning.controllable.<run>.lowest``).
 
-    With ``epsilon_step_limit`` (an extension, Phase II only) a base step that would carry the bounded objective
-    from above its bound to below it, by the first-order change grad f1 . (theta_{t+1} - theta_t), is shortened to
-    land on the bound: Algorithm 1's gradient flow approaches the bound without crossing it (f1 moves at -psi), an
-    AdamW step of fixed length does not, and its momentum carries Phase II past the bound (README "Controllable
-    unlearning"). The step's shortening factor is logged as ``step_scale``.
+    With ``epsilon_hold_bound`` (an extension, Phase II only) no base step takes the bounded objective below its
+    bound by its first-order change grad f1 . (theta_{t+1} - theta_t): a step that would is corrected along grad f1
+    so that it lands on the bound (from above) or leaves the bounded objective where it is (from below), the rest
+    of the step unchanged. Algorithm 1's gradient flow approaches the bound without crossing it (f1 moves at -psi);
+    an AdamW step of fixed length does not, and its momentum keeps descending f1 for steps after eta_t has dropped
+    to 0 (README "Controllable unlearning"). The correction, in the bounded objective's units, is logged as
+    ``bound_correction`` (0: the step stayed as it was).
 
     Config: ``epsilon_alpha`` (alpha), ``epsilon_phase1_delta`` (delta1 >= 1), ``epsilon_beta`` (beta),
     ``epsilon_phase2_delta`` (delta2), ``epsilon`` (Phase II's bound on f1; see ``epsilon_at``), ``epsilon_scale``
     (``first_step`` or ``batch``; with ``batch`` every phase logs ``forget_relative`` = f1 / f1_0, the column its
-    epsilon is taken from), ``epsilon_step_limit`` (bool).
+    epsilon is taken from), ``epsilon_hold_bound`` (bool).
     """
 
     name = "epsilon_constrained"
@@ -263,7 +265,7 @@ class EpsilonConstrained(Optimiser):
                              f"{', '.join(EPSILON_PHASES)}")
         self.alpha, self.delta1 = cfg["epsilon_alpha"], cfg["epsilon_phase1_delta"]
         self.beta, self.delta2, self.epsilon = cfg["epsilon_beta"], cfg["epsilon_phase2_delta"], cfg["epsilon"]
-        self.scale, self.step_limit = cfg["epsilon_scale"], cfg["epsilon_step_limit"]
+        self.scale, self.hold_bound = cfg["epsilon_scale"], cfg["epsilon_hold_bound"]
         if self.scale not in EPSILON_SCALES:
             raise ValueError(f"config key 'epsilon_scale': {self.scale!r} is unknown; use one of "
                              f"{', '.join(EPSILON_SCALES)}")
@@ -320,28 +322,30 @@ class EpsilonConstrained(Optimiser):
         else:
             psi = self.alpha * math.sqrt(squared) ** self.delta1  # Section 4.3 Phase I: psi = alpha ||grad f1||^delta
         eta = max((psi - g2.dot(g1).item()) / (squared + VARPI), 0.0)  # epsilon-constrained Algorithm 1 line 9
-        limited = self.phase == "controlled" and self.step_limit
-        before = torch.cat([p.detach().reshape(-1) for p in self.params]) if limited else None
+        held = self.phase == "controlled" and self.hold_bound
+        before = torch.cat([p.detach().reshape(-1) for p in self.params]) if held else None
         self._step_along(g2 + eta * g1)  # Algorithm 1 lines 10-11
-        if limited:  # the bounded objective and its units per unit of f1: f1 itself, or f1 / f1_0 on the batch
+        if held:  # the bounded objective and its units per unit of f1: f1 itself, or f1 / f1_0 on the batch
             bounded, per_f1 = ((relative["forget_relative"], 1 / objectives.forget_reference.item())
                                if self.scale == "batch" else (f1, 1.0))
-            relative["step_scale"] = self._limit_step(before, g1, bounded - self.epsilon, per_f1)
+            relative["bound_correction"] = self._hold_bound(before, g1, bounded - self.epsilon, per_f1)
         return self._row(objectives, f2 + eta * f1, 2, eta_t=eta, psi_t=psi, **relative)
 
-    def _limit_step(self, before: torch.Tensor, g1: torch.Tensor, gap: float, per_f1: float) -> float:
-        """Shortens the step just taken so that the bounded objective, ``gap`` above its bound, does not cross it by
-        the first-order change (``epsilon_step_limit``); returns the factor applied (1: the step stays)."""
+    def _hold_bound(self, before: torch.Tensor, g1: torch.Tensor, gap: float, per_f1: float) -> float:
+        """Corrects the step just taken along grad f1 so that the bounded objective, ``gap`` above its bound, falls
+        at most to the bound by the first-order change (``epsilon_hold_bound``); returns the correction of that
+        change (>= 0; 0: the step stays as it was)."""
         after = torch.cat([p.detach().reshape(-1) for p in self.params])
+        squared = g1.dot(g1).item()
         change = g1.dot(after - before).item() * per_f1  # first-order change of the bounded objective
-        if gap <= 0 or gap + change >= 0:
-            return 1.0
-        factor = gap / -change  # in [0, 1): lands the first-order prediction on the bound
+        correction = max(-max(gap, 0.0) - change, 0.0)  # the allowed change is >= -[gap]+
+        if correction == 0 or squared == 0:
+            return 0.0
+        shift = g1 * (correction / (per_f1 * squared))  # along grad f1: raises the first-order change by correction
         with torch.no_grad():
-            for param, start, step in zip(self.params, before.split([p.numel() for p in self.params]),
-                                          (after - before).split([p.numel() for p in self.params])):
-                param.copy_((start + factor * step).view_as(param))
-        return factor
+            for param, part in zip(self.params, shift.split([p.numel() for p in self.params])):
+                param.add_(part.view_as(param))
+        return correction
 
 
 class SISSScaled(Optimiser):
