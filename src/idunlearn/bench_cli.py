@@ -133,7 +133,7 @@ def add_phase_two_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--epsilon-scale", choices=["first_step", "batch"], default="first_step",
                         help="Phase II's loss scale (run setting epsilon_scale)")
     parser.add_argument("--hold-bound", action="store_true",
-                        help="correct steps that would take f1 below the bound (run setting epsilon_hold_bound)")
+                        help="correct every step to end on or above the bound (run setting epsilon_hold_bound)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None,

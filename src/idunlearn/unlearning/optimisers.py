@@ -241,13 +241,15 @@ class EpsilonConstrained(Optimiser):
     - ``original``: no update, only f1 and f2 logged on the run's batches (an extension, not the paper's: the
       original model in place of the lowest boundary, see ``unlearning.controllable.<run>.lowest``).
 
-    With ``epsilon_hold_bound`` (an extension, Phase II only) no base step takes the bounded objective below its
-    bound by its first-order change grad f1 . (theta_{t+1} - theta_t): a step that would is corrected along grad f1
-    so that it lands on the bound (from above) or leaves the bounded objective where it is (from below), the rest
-    of the step unchanged. Algorithm 1's gradient flow approaches the bound without crossing it (f1 moves at -psi);
-    an AdamW step of fixed length does not, and its momentum keeps descending f1 for steps after eta_t has dropped
-    to 0 (README "Controllable unlearning"). The correction, in the bounded objective's units, is logged as
-    ``bound_correction`` (0: the step stayed as it was).
+    With ``epsilon_hold_bound`` (an extension, Phase II only) every base step ends on the bound or above it by
+    its first-order change grad f1 . (theta_{t+1} - theta_t) on the batch: a step that would end below is corrected
+    along grad f1, the rest of the step unchanged. From above it then lands on the bound instead of crossing it
+    (Algorithm 1's gradient flow approaches the bound without crossing it, f1 moving at -psi; an AdamW step of fixed
+    length does not); from below it returns to the bound, where Algorithm 1 (eta_t >= 0) only lets f1 rise as
+    fast as the retain descent raises it, and AdamW's momentum keeps descending f1 for steps after eta_t has
+    dropped to 0. The correction, in the bounded objective's units, is logged as ``bound_correction`` (0: the step
+    stayed as it was). It bounds f1 from both sides, min f2 s.t. f1 = epsilon to first order, so the end point is
+    the epsilon a user asked for rather than any point below it (README "Controllable unlearning").
 
     Config: ``epsilon_alpha`` (alpha), ``epsilon_phase1_delta`` (delta1 >= 1), ``epsilon_beta`` (beta),
     ``epsilon_phase2_delta`` (delta2), ``epsilon`` (Phase II's bound on f1; see ``epsilon_at``), ``epsilon_scale``
@@ -332,13 +334,13 @@ class EpsilonConstrained(Optimiser):
         return self._row(objectives, f2 + eta * f1, 2, eta_t=eta, psi_t=psi, **relative)
 
     def _hold_bound(self, before: torch.Tensor, g1: torch.Tensor, gap: float, per_f1: float) -> float:
-        """Corrects the step just taken along grad f1 so that the bounded objective, ``gap`` above its bound, falls
-        at most to the bound by the first-order change (``epsilon_hold_bound``); returns the correction of that
-        change (>= 0; 0: the step stays as it was)."""
+        """Corrects the step just taken along grad f1 so that the bounded objective, ``gap`` above its bound (below:
+        negative), ends on the bound or above it by the first-order change (``epsilon_hold_bound``); returns the
+        correction of that change (>= 0; 0: the step stays as it was)."""
         after = torch.cat([p.detach().reshape(-1) for p in self.params])
         squared = g1.dot(g1).item()
         change = g1.dot(after - before).item() * per_f1  # first-order change of the bounded objective
-        correction = max(-max(gap, 0.0) - change, 0.0)  # the allowed change is >= -[gap]+
+        correction = max(-gap - change, 0.0)  # the allowed change is >= -gap: to the bound, or back up to it
         if correction == 0 or squared == 0:
             return 0.0
         shift = g1 * (correction / (per_f1 * squared))  # along grad f1: raises the first-order change by correction
