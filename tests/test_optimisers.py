@@ -249,7 +249,10 @@ def test_phase_two_hold_bound_steps_f1_onto_the_bound_from_either_side_and_chang
         objectives = _linear(params, c1, c2, f1_offset=f1_at_zero)
         if reference is not None:
             objectives.forget_reference = torch.tensor(reference, dtype=torch.float64)
-        return build_optimiser(params, {**cfg, "epsilon_hold_bound": hold}).step(objectives), _theta(params)
+        # hold False: the setting absent, as in a workflow run that does not set it (no schema default)
+        settings = {**cfg, "epsilon_hold_bound": True} if hold else {k: v for k, v in cfg.items()
+                                                                     if k != "epsilon_hold_bound"}
+        return build_optimiser(params, settings).step(objectives), _theta(params)
 
     def along_grad_f1(shift):
         return abs(shift @ np.array([c1[1], -c1[0]])) < 1e-12 and shift @ c1 > 0

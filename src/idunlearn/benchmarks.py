@@ -54,9 +54,10 @@ PRESETS = {
 
 
 def default_run_settings() -> dict:
-    """The unlearning defaults of the config schema (PIU paper recipe: lambda 10, eta 1, AdamW 1e-4, ...)."""
+    """The unlearning defaults of the config schema (PIU paper recipe: lambda 10, eta 1, AdamW 1e-4, ...); settings
+    without a default stay absent, as in a workflow run."""
     node = load_schema()["properties"]["unlearning"]["properties"]["defaults"]["properties"]
-    return {key: spec["default"] for key, spec in node.items()}
+    return {key: spec["default"] for key, spec in node.items() if "default" in spec}
 
 
 def random_unlearning_data(dim: int = 512, n_forget: int = 10, n_retain: int = 200, seed: int = 0) -> UnlearningData:

@@ -267,7 +267,8 @@ class EpsilonConstrained(Optimiser):
                              f"{', '.join(EPSILON_PHASES)}")
         self.alpha, self.delta1 = cfg["epsilon_alpha"], cfg["epsilon_phase1_delta"]
         self.beta, self.delta2, self.epsilon = cfg["epsilon_beta"], cfg["epsilon_phase2_delta"], cfg["epsilon"]
-        self.scale, self.hold_bound = cfg["epsilon_scale"], cfg["epsilon_hold_bound"]
+        # epsilon_hold_bound has no schema default (absent: off), so that cached runs keep their job parameters
+        self.scale, self.hold_bound = cfg["epsilon_scale"], cfg.get("epsilon_hold_bound", False)
         if self.scale not in EPSILON_SCALES:
             raise ValueError(f"config key 'epsilon_scale': {self.scale!r} is unknown; use one of "
                              f"{', '.join(EPSILON_SCALES)}")
