@@ -29,6 +29,17 @@ def test_controllable_expands_phase_one_and_two_runs_in_completeness_order():
     assert epsilon_boundary_runs(cfg, "piu") == [] and epsilon_boundary_runs(cfg, "piu.eps_highest") == []
 
 
+def test_phase_two_hold_bound_is_set_through_overrides_and_absent_elsewhere():
+    # epsilon_hold_bound has no schema default: runs that do not set it keep the parameters cached runs had
+    cfg = validate_config({"unlearning": {"runs": {"piu": {}}, "controllable": {
+        "piu": {"fractions": [0.5], "overrides": {"epsilon_hold_bound": True}}}}})
+    assert run_config(cfg, "piu.eps_0.5")["epsilon_hold_bound"] is True
+    assert "epsilon_hold_bound" not in run_config(cfg, "piu")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['epsilon_hold'\]"):
+        run_config(validate_config({"unlearning": {"runs": {"piu": {}}, "controllable": {
+            "piu": {"fractions": [0.5], "overrides": {"epsilon_hold": True}}}}}), "piu.eps_0.5")
+
+
 def test_the_lowest_boundary_is_the_papers_phase_one_run_or_the_original_model():
     cfg = validate_config({"unlearning": {"runs": {"piu": {}}, "controllable": {
         "piu": {"fractions": [0.5], "lowest": "original"}}}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -183,15 +184,22 @@ def config_hash(obj: Any, length: int = 10) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
+@functools.lru_cache(maxsize=1)
+def run_setting_names() -> frozenset[str]:
+    """Every run setting the schema knows (``unlearning.defaults``), those without a default included."""
+    return frozenset(load_schema()["properties"]["unlearning"]["properties"]["defaults"]["properties"])
+
+
 def run_config(config: dict, name: str) -> dict:
     """The full settings of unlearning run ``name``: ``unlearning.defaults`` overridden by the run's own keys."""
     unlearning = config["unlearning"]
     if name not in unlearning["runs"]:
         raise ConfigError(f"unlearning run {name!r} is not in unlearning.runs ({', '.join(unlearning['runs'])})")
-    unknown = set(unlearning["runs"][name]) - set(unlearning["defaults"])
+    known = run_setting_names() | set(unlearning["defaults"])
+    unknown = set(unlearning["runs"][name]) - known
     if unknown:
         raise ConfigError(f"config key 'unlearning.runs.{name}': unknown setting(s) {sorted(unknown)}; "
-                          f"known: {sorted(unlearning['defaults'])}")
+                          f"known: {sorted(known)}")
     return resolve_run_settings({**unlearning["defaults"], **unlearning["runs"][name]})
 
 
