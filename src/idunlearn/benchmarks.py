@@ -24,7 +24,7 @@ import torch
 from diffusers.models.attention_processor import AttnProcessor
 from torch.utils.flop_counter import FlopCounterMode
 
-from .config import load_schema, resolve_run_settings
+from .config import resolve_run_settings, run_setting_specs
 from .models.arc2face import random_arc2face, tiny_arc2face
 from .models.generator import IdentityGenerator
 from .models.mini import load_mini_generator
@@ -56,8 +56,7 @@ PRESETS = {
 def default_run_settings() -> dict:
     """The unlearning defaults of the config schema (PIU paper recipe: lambda 10, eta 1, AdamW 1e-4, ...); settings
     without a default stay absent, as in a workflow run."""
-    node = load_schema()["properties"]["unlearning"]["properties"]["defaults"]["properties"]
-    return {key: spec["default"] for key, spec in node.items() if "default" in spec}
+    return {key: spec["default"] for key, spec in run_setting_specs().items() if "default" in spec}
 
 
 def random_unlearning_data(dim: int = 512, n_forget: int = 10, n_retain: int = 200, seed: int = 0) -> UnlearningData:

@@ -184,10 +184,15 @@ def config_hash(obj: Any, length: int = 10) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
+def run_setting_specs() -> dict:
+    """The schema's run settings (``unlearning.defaults``): name -> its schema node (type, default, description)."""
+    return load_schema()["properties"]["unlearning"]["properties"]["defaults"]["properties"]
+
+
 @functools.lru_cache(maxsize=1)
 def run_setting_names() -> frozenset[str]:
-    """Every run setting the schema knows (``unlearning.defaults``), those without a default included."""
-    return frozenset(load_schema()["properties"]["unlearning"]["properties"]["defaults"]["properties"])
+    """Every run setting the schema knows, those without a default included."""
+    return frozenset(run_setting_specs())
 
 
 def run_config(config: dict, name: str) -> dict:

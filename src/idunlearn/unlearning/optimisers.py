@@ -94,10 +94,19 @@ class Optimiser:
         loss.backward()
         self._adamw_step()
 
+    def _flat_params(self) -> torch.Tensor:
+        """The trainable parameters' values flattened into one vector in ``params`` order (as ``flat_grad``)."""
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def _parts(self, vector: torch.Tensor):
+        """(parameter, its slice of the flattened ``vector`` shaped like it), in ``params`` order."""
+        for param, part in zip(self.params, vector.split([p.numel() for p in self.params])):
+            yield param, part.view_as(param)
+
     def _step_along(self, direction: torch.Tensor) -> None:
         """The base step with the flattened ``direction`` as the gradient."""
-        for param, part in zip(self.params, direction.split([p.numel() for p in self.params])):
-            param.grad = part.view_as(param)
+        for param, part in self._parts(direction):
+            param.grad = part
         self._adamw_step()
 
     def _gradients(self, objectives: Objectives) -> tuple[torch.Tensor, torch.Tensor]:
@@ -326,28 +335,27 @@ class EpsilonConstrained(Optimiser):
             psi = self.alpha * math.sqrt(squared) ** self.delta1  # Section 4.3 Phase I: psi = alpha ||grad f1||^delta
         eta = max((psi - g2.dot(g1).item()) / (squared + VARPI), 0.0)  # epsilon-constrained Algorithm 1 line 9
         held = self.phase == "controlled" and self.hold_bound
-        before = torch.cat([p.detach().reshape(-1) for p in self.params]) if held else None
+        before = self._flat_params() if held else None
         self._step_along(g2 + eta * g1)  # Algorithm 1 lines 10-11
         if held:  # the bounded objective and its units per unit of f1: f1 itself, or f1 / f1_0 on the batch
             bounded, per_f1 = ((relative["forget_relative"], 1 / objectives.forget_reference.item())
                                if self.scale == "batch" else (f1, 1.0))
-            relative["bound_correction"] = self._hold_bound(before, g1, bounded - self.epsilon, per_f1)
+            relative["bound_correction"] = self._hold_bound(before, g1, squared, bounded - self.epsilon, per_f1)
         return self._row(objectives, f2 + eta * f1, 2, eta_t=eta, psi_t=psi, **relative)
 
-    def _hold_bound(self, before: torch.Tensor, g1: torch.Tensor, gap: float, per_f1: float) -> float:
-        """Corrects the step just taken along grad f1 so that the bounded objective, ``gap`` above its bound (below:
-        negative), ends on the bound or above it by the first-order change (``epsilon_hold_bound``); returns the
-        correction of that change (>= 0; 0: the step stays as it was)."""
-        after = torch.cat([p.detach().reshape(-1) for p in self.params])
-        squared = g1.dot(g1).item()
-        change = g1.dot(after - before).item() * per_f1  # first-order change of the bounded objective
+    def _hold_bound(self, before: torch.Tensor, g1: torch.Tensor, squared: float, gap: float, per_f1: float) -> float:
+        """Corrects the step just taken along grad f1 (``squared`` = ||grad f1||^2) so that the bounded objective,
+        ``gap`` above its bound (below: negative), ends on the bound or above it by the first-order change
+        (``epsilon_hold_bound``); returns the correction of that change (>= 0; 0: the step stays as it was)."""
+        step = self._flat_params() - before
+        change = g1.dot(step).item() * per_f1  # first-order change of the bounded objective
         correction = max(-gap - change, 0.0)  # the allowed change is >= -gap: to the bound, or back up to it
         if correction == 0 or squared == 0:
             return 0.0
         shift = g1 * (correction / (per_f1 * squared))  # along grad f1: raises the first-order change by correction
         with torch.no_grad():
-            for param, part in zip(self.params, shift.split([p.numel() for p in self.params])):
-                param.add_(part.view_as(param))
+            for param, part in self._parts(shift):
+                param.add_(part)
         return correction
 
 
