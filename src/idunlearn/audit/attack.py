@@ -28,6 +28,7 @@ from ..unlearning.adversarial import search_conditions
 from .probes import AUDIT_SEED_OFFSET, control_identity
 from .run import mean_row, share_row
 from .verification import verified
+from ..runlog import logs_duration
 
 ATTACK_SEED_OFFSET = 400_000  # samples drawn from an attack's condition: apart from every other sample's seeds
 
@@ -55,6 +56,7 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
     return {**best, "restart_losses": finals, "candidates": candidates}
 
 
+@logs_duration("embedding attack")
 def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame, manifest: pd.DataFrame,
                 faces: pd.DataFrame, labels: pd.DataFrame, selection: dict, cfg: dict, sampler_cfg: dict, tau: float,
                 seed: int, recognizer=None, second=None) -> list[dict]:

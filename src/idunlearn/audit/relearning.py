@@ -25,6 +25,7 @@ from ..models.layers import select_trainable
 from ..unlearning.conditions import draw_examples, noised
 from .probes import AUDIT_SEED_OFFSET, control_identity
 from .verification import verified
+from ..runlog import logs_duration
 
 CONTROL_SEED_OFFSET = 100_000  # the control identity's samples: apart from the probe samples' seeds
 
@@ -94,6 +95,7 @@ def relearning_rows(records: list[dict], probe: str, ism_before: float | None, n
     return rows
 
 
+@logs_duration("relearning probe")
 def forget_relearning(generator: IdentityGenerator, analyser: FaceAnalyser, selection: dict, manifest: pd.DataFrame,
                       faces: pd.DataFrame, labels: pd.DataFrame, centroids: pd.DataFrame, evaluation_cfg: dict,
                       cfg: dict, tau: float, seed: int, ism_before: float) -> list[dict]:
@@ -111,6 +113,7 @@ def forget_relearning(generator: IdentityGenerator, analyser: FaceAnalyser, sele
     return relearning_rows(records, "relearning", ism_before, int(forget.sum()))
 
 
+@logs_duration("relearning probe (control)")
 def control_relearning(generator: IdentityGenerator, analyser: FaceAnalyser, selection: dict,
                        manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame, centroids: pd.DataFrame,
                        evaluation_cfg: dict, cfg: dict, tau: float, seed: int) -> list[dict]:

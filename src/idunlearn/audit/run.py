@@ -16,10 +16,12 @@ from ..faces.analyser import FaceAnalyser
 from ..models.generator import IdentityGenerator
 from .probes import ProbeSet
 from .verification import clopper_pearson, leak_at_k, verified
+from ..runlog import logs_duration
 
 ROW_COLUMNS = ["probe", "setting", "metric", "value", "ci_low", "ci_high", "n"]
 
 
+@logs_duration("probe samples (leak, photo, neighbourhood)")
 def score_probes(generator: IdentityGenerator, analyser: FaceAnalyser, probes: ProbeSet, centroids: pd.DataFrame,
                  cfg: dict) -> tuple[pd.DataFrame, np.ndarray]:
     """Generate and score every probe sample (``cfg``: the evaluation's sampler settings). Returns (scored, images)."""

@@ -23,6 +23,7 @@ from ..identities import centroid_matrix
 from ..models.generator import IdentityGenerator, unit_rgb
 from .run import mean_row, share_row
 from .verification import verified
+from ..runlog import logs_duration
 
 
 def reference_descriptors(descriptor: DlibDescriptor, generator: IdentityGenerator, manifest: pd.DataFrame,
@@ -84,6 +85,7 @@ class SecondRecognizer:
                 mean_row(probe, setting, "ism_second", scored["own_cosine"])]
 
 
+@logs_duration("second recognizer (probes)")
 def second_probe_rows(second: SecondRecognizer, scored: pd.DataFrame, images: np.ndarray) -> list[dict]:
     """``fa_second`` and ``ism_second`` per probe setting of the probe samples (``scored`` rows in ``images``
     order; the Leak@k, photo and neighbourhood probes)."""
@@ -93,6 +95,7 @@ def second_probe_rows(second: SecondRecognizer, scored: pd.DataFrame, images: np
     return rows
 
 
+@logs_duration("second recognizer (evaluation samples)")
 def second_evaluation_rows(second: SecondRecognizer, samples: pd.DataFrame, arrays) -> list[dict]:
     """The evaluation's own forget samples (its samples table and images.npz arrays) under the second recognizer."""
     forget = samples[samples["kind"] == "forget"]

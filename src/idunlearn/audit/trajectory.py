@@ -19,6 +19,7 @@ from ..models.generator import IdentityGenerator
 from .probes import control_identity
 from .run import mean_row, share_row
 from .verification import verified
+from ..runlog import logs_duration
 
 TRAJECTORY_SEED_OFFSET = 300_000  # noise of the trajectory probe: apart from every other sample's seeds
 
@@ -56,6 +57,7 @@ def trajectory_rows(scored: pd.DataFrame, probe: str, tau: float) -> list[dict]:
     return rows
 
 
+@logs_duration("trajectory probe")
 def trajectory_probe(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame,
                      manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame, selection: dict, cfg: dict,
                      sampler_cfg: dict, tau: float, seed: int) -> list[dict]:
