@@ -24,11 +24,11 @@ from ..experiment import real_latents
 from ..faces.analyser import FaceAnalyser
 from ..identities import centroid_lookup
 from ..models.generator import IdentityGenerator
+from ..runlog import logs_duration
 from ..unlearning.adversarial import search_conditions
 from .probes import AUDIT_SEED_OFFSET, control_identity
 from .run import mean_row, share_row
 from .verification import verified
-from ..runlog import logs_duration
 
 ATTACK_SEED_OFFSET = 400_000  # samples drawn from an attack's condition: apart from every other sample's seeds
 

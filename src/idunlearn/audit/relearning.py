@@ -22,10 +22,10 @@ from ..experiment import real_latents
 from ..faces.analyser import FaceAnalyser, ok_embeddings
 from ..models.generator import IdentityGenerator
 from ..models.layers import select_trainable
+from ..runlog import logs_duration
 from ..unlearning.conditions import draw_examples, noised
 from .probes import AUDIT_SEED_OFFSET, control_identity
 from .verification import verified
-from ..runlog import logs_duration
 
 CONTROL_SEED_OFFSET = 100_000  # the control identity's samples: apart from the probe samples' seeds
 

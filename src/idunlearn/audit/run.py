@@ -14,9 +14,9 @@ from ..evaluation.samples import generate_samples, score_samples
 from ..evaluation.statistics import mean_ci
 from ..faces.analyser import FaceAnalyser
 from ..models.generator import IdentityGenerator
+from ..runlog import logs_duration
 from .probes import ProbeSet
 from .verification import clopper_pearson, leak_at_k, verified
-from ..runlog import logs_duration
 
 ROW_COLUMNS = ["probe", "setting", "metric", "value", "ci_low", "ci_high", "n"]
 

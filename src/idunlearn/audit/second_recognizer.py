@@ -21,9 +21,9 @@ from ..experiment import real_pixels
 from ..faces.dlib_descriptor import DlibDescriptor
 from ..identities import centroid_matrix
 from ..models.generator import IdentityGenerator, unit_rgb
+from ..runlog import logs_duration
 from .run import mean_row, share_row
 from .verification import verified
-from ..runlog import logs_duration
 
 
 def reference_descriptors(descriptor: DlibDescriptor, generator: IdentityGenerator, manifest: pd.DataFrame,

@@ -16,10 +16,10 @@ from ..evaluation.samples import score_samples
 from ..experiment import real_latents
 from ..faces.analyser import FaceAnalyser, ok_embeddings
 from ..models.generator import IdentityGenerator
+from ..runlog import logs_duration
 from .probes import control_identity
 from .run import mean_row, share_row
 from .verification import verified
-from ..runlog import logs_duration
 
 TRAJECTORY_SEED_OFFSET = 300_000  # noise of the trajectory probe: apart from every other sample's seeds
 
