@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import REPO
 
 from idunlearn.audit.probes import probe_set
 from idunlearn.audit.relearning import recovery, relearn
@@ -13,7 +14,7 @@ from idunlearn.audit.run import audit_rows, probe_rows
 from idunlearn.audit.tables import audit_markdown, audit_summary, audit_table
 from idunlearn.audit.verification import calibrate, clopper_pearson, leak_at_k, threshold_at_far, verified
 from idunlearn.conditions import great_circle
-from idunlearn.config import ConfigError, validate_config
+from idunlearn.config import ConfigError, load_config, validate_config
 from idunlearn.identities import identity_centroids
 from idunlearn.models.arc2face import tiny_arc2face
 from idunlearn.models.layers import trainable_parameter_names
@@ -265,3 +266,14 @@ def test_attack_control_bound():
     line = attack_control_lines(summary(0.64), table)[1]
     assert "passes on 1 of 2; below the bound on 37" in line
     assert "passes on 2 of 2." in attack_control_lines(summary(0.64), table.assign(value=0.7))[1]
+
+
+def test_an_absent_probe_is_off_and_no_probes_key_enables_all():
+    # the default config lists the light probes only: the attack, relearning and trajectory probes (minutes per
+    # identity) must stay off in `make run`, not be filled in from the schema (they were until 2026-12-02)
+    light = load_config(REPO / "config" / "config.yaml")["audit"]["probes"]
+    assert sorted(light) == ["leak", "neighbourhood", "photo"]
+    assert light["leak"]["seeds"] == 8  # a present probe still gets its settings' defaults
+    everything = validate_config({})["audit"]["probes"]
+    assert sorted(everything) == ["attack", "leak", "neighbourhood", "photo", "relearning", "trajectory"]
+    assert everything["attack"]["restarts"] == 3
