@@ -62,6 +62,8 @@ def test_pipeline_produces_tables_grids_and_report(two_runs):
     summary = pd.read_csv(res / "tables" / "summary.csv")
     assert summary.loc[0, "n"] == 1 and "srk_identity_after_mean" in summary.columns
     identity = metrics.loc[0, "forget_identity"]
+    timings = json.loads((res / "unlearning" / "piu" / str(identity) / "timings.json").read_text())
+    assert timings["host_matmul_tflops_start"] > 0 and timings["host_matmul_tflops_end"] > 0  # the host's speed
     for kind in ("forget", "retain"):
         assert (res / "figures" / "piu" / f"{identity}_{kind}.png").stat().st_size > 0
     assert (res / "analysis" / "layer_separation.png").is_file()

@@ -3,6 +3,7 @@ import os
 import pandas as pd
 import torch
 
+from idunlearn.benchmarks import matmul_tflops
 from idunlearn.controllable import run_epsilon
 from idunlearn.experiment import load_generator, run_selection, unlearn_selection
 from idunlearn.io import read_json, write_json, write_parquet
@@ -23,8 +24,13 @@ with stage_log(snakemake.log[0], "unlearn") as log:
     selection = run_selection(read_json(i.selection), run, centroids)
     generator = load_generator(p.generator, p.device)
     seed = p.seed + selection["forget_identity"]
+    # the host's speed around the job: shared 2-core hosts deliver 2-3x different FLOP rates from one day to the next,
+    # so a job's seconds are read against this, never alone
+    host = {"host_matmul_tflops_start": matmul_tflops(p.device)}
     losses, timings = unlearn_selection(generator, run, selection, pd.read_parquet(i.faces), pd.read_parquet(i.labels),
                                         centroids, pd.read_parquet(i.manifest), p.faces, i.models, p.state, seed)
+    host["host_matmul_tflops_end"] = matmul_tflops(p.device)
+    timings = {**timings, **host}
     log.info("timings: %s", timings)
     save_changed_parameters(generator, run["regime"], run["surgical_blocks"], out.changed)
     write_parquet(losses, out.losses)
