@@ -25,7 +25,7 @@ def _shared_arguments(parser: argparse.ArgumentParser, preset: str, preset_help:
     parser.add_argument("--warmup", type=int, default=1, help=f"untimed {what} first (compilation happens here)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                        help="bf16: autocast forwards, fp32 master weights")
+                        help="the run setting precision: bf16 = bf16 autocast forwards, attention and master weights fp32")
     parser.add_argument("--regime", choices=("surgical", "all_cross_attention", "full"), default="surgical")
     parser.add_argument("--forget-batch", type=int, default=None, help="default: the preset's")
     parser.add_argument("--retain-batch", type=int, default=None, help="default: the preset's")

@@ -29,11 +29,12 @@ from .models.arc2face import random_arc2face, tiny_arc2face
 from .models.generator import IdentityGenerator
 from .models.mini import load_mini_generator
 from .models.layers import select_trainable
+from .models.precision import PRECISIONS, forward_autocast, training_precision
 from .unlearning import build_method
 from .unlearning.base import UnlearningData
 from .unlearning.optimisers import OPTIMISERS, build_optimiser
 
-DTYPES = ("fp32", "bf16")
+DTYPES = PRECISIONS  # a benchmark's dtype is the run setting ``precision`` it measures
 
 # paper: random-weight Arc2Face at 64x64 latents; tiny: an Arc2Face-shaped model that runs on a CPU in seconds;
 # offline: the shipped mini Arc2Face (the repository's data/shipped/mini-arc2face, the CLI runs from the repository
@@ -126,7 +127,7 @@ def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_b
            device: str | torch.device, dtype: str, warmup: int, settings: dict | None, seed: int):
     """What both benchmarks share, as in runner.unlearn: checked arguments, run settings, random data on the
     device, a frozen teacher copy, the regime's trainable parameters, and the autocast context for ``dtype``
-    (bf16: bf16 forward passes with fp32 parameters, gradients and AdamW state)."""
+    (as runner.unlearn at run setting ``precision``; bf16 also needs ``training_precision`` around the steps)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is unknown: use one of {', '.join(DTYPES)}")
     if steps < 1 or warmup < 0:
@@ -140,8 +141,7 @@ def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_b
     generator.requires_grad_(False)
     teacher = copy.deepcopy(generator.unet).eval()
     params = list(select_trainable(generator.unet, regime, cfg["surgical_blocks"]).values())
-    autocast = partial(torch.autocast, device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext
-    return device, cfg, data, teacher, params, autocast
+    return device, cfg, data, teacher, params, partial(forward_autocast, dtype, device)
 
 
 def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int,
@@ -150,7 +150,8 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
                   settings: dict | None = None, seed: int = 0) -> dict:
     """Time ``steps`` PIU steps (after ``warmup`` untimed ones) on ``generator``, which is trained in place.
 
-    dtype "bf16": autocast around the forward passes, parameters and AdamW state stay fp32. ``settings``: PIU and
+    dtype "bf16": as the run setting precision bf16 (models/precision.py: bf16 autocast around the forward passes,
+    attention in fp32, parameters and AdamW state fp32). ``settings``: PIU and
     optimiser settings (default: the config schema's unlearning defaults). FLOPs come from FlopCounterMode on
     steps at batches (1, 1), (2, 1) and (1, 2), extrapolated linearly (every cost of a step is per-sample except
     the optimiser update, which counts no FLOPs); text-encoder SDPA attention is not counted on CPU (<1% of a step).
@@ -177,20 +178,21 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
         per_forget, per_retain = counted(2, 1) - base, counted(1, 2) - base
     flops = base + (forget_batch - 1) * per_forget + (retain_batch - 1) * per_retain
 
-    if compile:
-        generator.unet.compile()  # in place: parameter names (and so the trainable set) are unchanged
-        teacher.compile()
-    for _ in range(warmup):
-        step(forget_batch, retain_batch)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     seconds = []
-    for _ in range(steps):
-        _synchronize(device)
-        tick = time.perf_counter()
-        step(forget_batch, retain_batch)
-        _synchronize(device)
-        seconds.append(time.perf_counter() - tick)
+    with training_precision(dtype, generator.unet, teacher):
+        if compile:
+            generator.unet.compile()  # in place: parameter names (and so the trainable set) are unchanged
+            teacher.compile()
+        for _ in range(warmup):
+            step(forget_batch, retain_batch)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(steps):
+            _synchronize(device)
+            tick = time.perf_counter()
+            step(forget_batch, retain_batch)
+            _synchronize(device)
+            seconds.append(time.perf_counter() - tick)
     generator.unet.eval()
 
     if device.type == "cuda":
@@ -302,36 +304,37 @@ def benchmark_optimisers(generator: IdentityGenerator, steps: int, forget_batch:
             for name in optimisers}
     probe = _MemoryProbe(device)
     generator.unet.train()
-    for turn in range(1 + warmup + steps):  # turn 0 counts FLOPs (explicit attention), then warmup, then timed
-        counting = turn == 0
-        for name in optimisers[turn % len(optimisers):] + optimisers[:turn % len(optimisers)]:
-            run = runs[name]
-            with torch.no_grad():
-                for param, weight in zip(params, run["weights"]):
-                    param.copy_(weight)
-                    param.grad = None
-            flops = FlopCounterMode(display=False) if counting else contextlib.nullcontext()
-            attention = _plain_attention(generator.unet, teacher) if counting else contextlib.nullcontext()
-            _synchronize(device)
-            before = probe.start()
-            tick = time.perf_counter()
-            with attention, flops:
-                with autocast():
-                    objectives = method.objectives(generator, teacher, data, run["rng"], run["gen"])
-                row = run["optimiser"].step(objectives)
-                del objectives
-            _synchronize(device)
-            seconds, peak = time.perf_counter() - tick, probe.peak()
-            with torch.no_grad():
-                for weight, param in zip(run["weights"], params):
-                    weight.copy_(param)
-            run["rows"].append(row)
-            if counting:
-                run["flops"] = flops.get_total_flops()
-            elif turn > warmup:
-                run["seconds"].append(seconds)
-                run["peak"].append(peak)
-                run["rise"].append(None if peak is None else peak - before)
+    with training_precision(dtype, generator.unet, teacher):
+        for turn in range(1 + warmup + steps):  # turn 0 counts FLOPs (explicit attention), then warmup, then timed
+            counting = turn == 0
+            for name in optimisers[turn % len(optimisers):] + optimisers[:turn % len(optimisers)]:
+                run = runs[name]
+                with torch.no_grad():
+                    for param, weight in zip(params, run["weights"]):
+                        param.copy_(weight)
+                        param.grad = None
+                flops = FlopCounterMode(display=False) if counting else contextlib.nullcontext()
+                attention = _plain_attention(generator.unet, teacher) if counting else contextlib.nullcontext()
+                _synchronize(device)
+                before = probe.start()
+                tick = time.perf_counter()
+                with attention, flops:
+                    with autocast():
+                        objectives = method.objectives(generator, teacher, data, run["rng"], run["gen"])
+                    row = run["optimiser"].step(objectives)
+                    del objectives
+                _synchronize(device)
+                seconds, peak = time.perf_counter() - tick, probe.peak()
+                with torch.no_grad():
+                    for weight, param in zip(run["weights"], params):
+                        weight.copy_(param)
+                run["rows"].append(row)
+                if counting:
+                    run["flops"] = flops.get_total_flops()
+                elif turn > warmup:
+                    run["seconds"].append(seconds)
+                    run["peak"].append(peak)
+                    run["rise"].append(None if peak is None else peak - before)
     with torch.no_grad():
         for param, weight in zip(params, initial):
             param.copy_(weight)

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from ..io import atomic_path
 from ..models.generator import IdentityGenerator
 from ..models.layers import select_trainable
+from ..models.precision import forward_autocast, training_precision
 from .base import ClosedFormMethod, UnlearningData, UnlearningMethod
 from .optimisers import build_optimiser
 
@@ -27,7 +28,8 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
     """Run ``cfg['steps']`` optimisation steps of ``method`` on ``generator`` (in place), or its one closed-form
     edit (a ClosedFormMethod: no optimiser, no resume state, one loss-log row, ``steps`` 1).
 
-    cfg: steps, regime, surgical_blocks, checkpoint_every, and the optimiser's keys. Returns (loss log, timings).
+    cfg: steps, regime, surgical_blocks, checkpoint_every, the optimiser's keys, and optionally precision ("fp32",
+    the default, or "bf16": models/precision.py). Returns (loss log, timings).
     Every ``checkpoint_every`` steps the trainable weights, optimiser and random states go to ``state_path``;
     a rerun continues from there and ends where an uninterrupted run would. ``data`` with several forget
     identities (joint unlearning) needs a method that can take them (``method.joint``).
@@ -54,22 +56,28 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
         method.load_state_dict(state.get("method", {}))  # states saved before methods had one hold none
         rows, step = state["rows"], int(state["step"])
         log.info("resumed at step %d from %s", step, state_path)
+    # precision has no schema default (absent: fp32), so that cached runs keep their job parameters
+    precision = cfg.get("precision", "fp32")
     generator.unet.train()
     started = time.perf_counter()
-    for step in tqdm(range(step + 1, cfg["steps"] + 1), initial=step, total=cfg["steps"], desc=method.name,
-                     unit="step"):
-        tick = time.perf_counter()
-        try:
-            row = optimiser.step(method.objectives(generator, teacher, data, rng, gen))
-        except FloatingPointError as err:  # name the step and what to change
-            raise FloatingPointError(f"unlearning step {step} of {cfg['steps']}: {err}; lower config key 'lr' "
-                                     f"(now {cfg['lr']}) or set 'grad_clip'") from err
-        rows.append({"step": step, **row, "seconds": time.perf_counter() - tick})
-        if step % cfg["checkpoint_every"] == 0 and step < cfg["steps"]:
-            _save_state(state_path, trainable, optimiser, method, rng, gen, rows, step)
+    with training_precision(precision, generator.unet, teacher):
+        for step in tqdm(range(step + 1, cfg["steps"] + 1), initial=step, total=cfg["steps"], desc=method.name,
+                         unit="step"):
+            tick = time.perf_counter()
+            try:
+                with forward_autocast(precision, generator.device):
+                    objectives = method.objectives(generator, teacher, data, rng, gen)
+                row = optimiser.step(objectives)
+            except FloatingPointError as err:  # name the step and what to change
+                raise FloatingPointError(f"unlearning step {step} of {cfg['steps']}: {err}; lower config key 'lr' "
+                                         f"(now {cfg['lr']}) or set 'grad_clip'") from err
+            rows.append({"step": step, **row, "seconds": time.perf_counter() - tick})
+            if step % cfg["checkpoint_every"] == 0 and step < cfg["steps"]:
+                _save_state(state_path, trainable, optimiser, method, rng, gen, rows, step)
     generator.unet.eval()
     table = pd.DataFrame(rows)
-    timings = {"steps": cfg["steps"], "trainable_parameters": int(sum(p.numel() for p in trainable.values())),
+    timings = {"steps": cfg["steps"], "precision": precision,
+               "trainable_parameters": int(sum(p.numel() for p in trainable.values())),
                "seconds_this_session": time.perf_counter() - started,
                "seconds_per_step": float(table["seconds"].median()) if len(table) else float("nan")}
     return table, timings
