@@ -20,6 +20,7 @@ wildcard_constraints:
 DATA = config["data_dir"]
 RESULTS = config["results_dir"]
 ASSETS = os.path.join(DATA, "assets")
+JOB_THREADS = config["job_threads"]  # threads of each per-(run, identity) job: see the schema
 
 
 def results(*parts):

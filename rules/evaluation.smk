@@ -21,7 +21,7 @@ rule evaluate_original:
         faces=config["faces"],
         device=config["unlearning"]["device"],
         seed=config["seed"],
-    threads: 2
+    threads: JOB_THREADS
     resources:
         gpu=1,
         mem_mb=8000,

@@ -23,7 +23,7 @@ rule unlearn:
         device=config["unlearning"]["device"],
         seed=config["seed"],
         state=lambda wc: results("unlearning", wc.run, wc.identity, "resume_state.pt"),
-    threads: 2
+    threads: JOB_THREADS
     resources:
         gpu=1,
         mem_mb=8000,

@@ -38,6 +38,26 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
         assert cfg["request"]["folder"] and cfg["request"]["run"] in cfg["unlearning"]["runs"]
 
 
+def test_paper_config_merged_over_the_offline_default_keeps_the_paper_settings():
+    # snakemake loads config/config.yaml (the Snakefile's configfile) and merges celebahq.yaml over it key by key, so
+    # a setting the offline default reduces must be restated there, or the paper setup silently inherits it
+    paper = yaml.safe_load((REPO / "config" / "celebahq.yaml").read_text())
+    cfg = load_config(REPO / "config" / "config.yaml", paper)
+    piu = run_config(cfg, "piu")
+    assert (piu["steps"], piu["forget_batch"], piu["retain_batch"], piu["precision"]) == (400, 32, 32, "fp32")
+    ev = cfg["evaluation"]
+    assert (ev["n_forget_samples"], ev["n_retain_samples"], ev["steps"], ev["guidance"]) == (25, 25, 25, 3.0)
+    assert cfg["generator"]["backend"] == "arc2face" and cfg["faces"]["backend"] == "insightface"
+    offline = run_config(load_config(REPO / "config" / "config.yaml"), "piu")  # the offline reductions it undoes
+    assert (offline["steps"], offline["forget_batch"], offline["precision"]) == (200, 8, "bf16")
+
+
+def test_job_threads_default_and_bound():
+    assert validate_config({})["job_threads"] == 1
+    with pytest.raises(ConfigError, match=r"job_threads"):
+        validate_config({"job_threads": 0})
+
+
 def test_defaults_fill_missing_sections():
     cfg = validate_config({})
     assert cfg["dataset"]["source"] == "orl"

@@ -64,6 +64,7 @@ def test_pipeline_produces_tables_grids_and_report(two_runs):
     identity = metrics.loc[0, "forget_identity"]
     timings = json.loads((res / "unlearning" / "piu" / str(identity) / "timings.json").read_text())
     assert timings["host_matmul_tflops_start"] > 0 and timings["host_matmul_tflops_end"] > 0  # the host's speed
+    assert timings["threads"] == 1  # the job_threads default (the harness also caps at --max-threads 1)
     for kind in ("forget", "retain"):
         assert (res / "figures" / "piu" / f"{identity}_{kind}.png").stat().st_size > 0
     assert (res / "analysis" / "layer_separation.png").is_file()

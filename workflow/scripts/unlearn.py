@@ -26,7 +26,7 @@ with stage_log(snakemake.log[0], "unlearn") as log:
     seed = p.seed + selection["forget_identity"]
     # the host's speed around the job: shared 2-core hosts deliver 2-3x different FLOP rates from one day to the next,
     # so a job's seconds are read against this, never alone
-    host = {"host_matmul_tflops_start": matmul_tflops(p.device)}
+    host = {"threads": snakemake.threads, "host_matmul_tflops_start": matmul_tflops(p.device)}
     losses, timings = unlearn_selection(generator, run, selection, pd.read_parquet(i.faces), pd.read_parquet(i.labels),
                                         centroids, pd.read_parquet(i.manifest), p.faces, i.models, p.state, seed)
     host["host_matmul_tflops_end"] = matmul_tflops(p.device)
