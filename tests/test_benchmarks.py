@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from idunlearn.bench_cli import main
-from idunlearn.benchmarks import benchmark_piu, benchmark_preset
+from idunlearn.benchmarks import benchmark_piu, benchmark_preset, kernel_kind
 from idunlearn.models.arc2face import tiny_arc2face
 
 
@@ -69,3 +69,36 @@ def test_phase_two_tracking_through_the_cli(tmp_path):
             assert 1 <= row["first_step_at_bound"] <= 10 and 0 <= row["eta_zero_share_after"] <= 1
     # f1 at the end is the mean of the last tenth of the steps (the last step here)
     assert rows[0]["f1_end"] == pytest.approx(rows[0]["f1_by_tenth"][-1])
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention forward"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention backward"),
+    ("aten::mkldnn_convolution", "convolution forward"),
+    ("aten::convolution_backward", "convolution backward"),
+    ("aten::addmm", "matrix products"),
+    ("aten::mm", "matrix products"),
+    ("aten::mul", "other"),  # not a matrix product although "mm" is not in it; "aten::mm" must match whole
+    ("aten::_to_copy", "casts and copies"),
+    ("aten::native_group_norm", "other"),
+])
+def test_profiler_op_names_fall_into_their_kernel_kind(name, kind):
+    assert kernel_kind(name) == kind
+
+
+def test_profiled_step_splits_into_kinds_that_add_up_and_see_attention_and_convolution():
+    result = benchmark_piu(tiny_arc2face(), 1, 2, 2, device="cpu", warmup=0, projected_steps=10, profile_steps=2)
+    profile = result["profile"]
+    seconds = profile["seconds_per_step"]
+    assert sum(seconds.values()) == pytest.approx(profile["profiled_seconds_per_step"])
+    assert sum(profile["share"].values()) == pytest.approx(1.0)
+    # the tiny UNet has convolutions and attention: both kinds must be found, forward and backward
+    for kind in ("attention forward", "attention backward", "convolution forward", "convolution backward",
+                 "matrix products"):
+        assert seconds[kind] > 0, kind
+    assert profile["projected_seconds_per_identity"]["other"] == pytest.approx(seconds["other"] * 10)
+
+
+def test_profile_is_refused_off_the_cpu():
+    with pytest.raises(ValueError, match="device cpu"):
+        benchmark_piu(tiny_arc2face(), 1, 1, 1, device="meta", warmup=0, profile_steps=1)

@@ -43,6 +43,9 @@ def add_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
                       "steps", "piu")
     parser.add_argument("--compile", action="store_true", help="torch.compile the student and teacher UNets")
     parser.add_argument("--projected-steps", type=int, default=None, help="steps per identity (default: preset's)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="CPU only: that many more steps under torch.profiler, their time split by kernel kind "
+                             "(attention, convolution, matrix products, casts, other) and projected per identity")
     return parser
 
 
@@ -57,7 +60,7 @@ def run_benchmark(args: argparse.Namespace) -> Path:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = benchmark_preset(args.preset, args.steps, device, args.dtype, args.compile, warmup=args.warmup,
                               forget_batch=args.forget_batch, retain_batch=args.retain_batch, regime=args.regime,
-                              projected_steps=args.projected_steps, seed=args.seed)
+                              projected_steps=args.projected_steps, seed=args.seed, profile_steps=args.profile_steps)
     result["command"] = shlex.join(sys.orig_argv)  # the interpreter's own command line
     result["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -69,6 +72,11 @@ def run_benchmark(args: argparse.Namespace) -> Path:
           f"{result['projected_seconds_per_identity'] / 60:.1f} min per identity ({result['projected_steps']} steps), "
           f"{result['achieved_tflops']:.3f} TFLOP/s (dense matmul here: {result['reference_matmul_tflops']:.3f}), "
           f"peak {result['peak_memory_bytes'] / 2**30:.2f} GiB -> {output}")
+    if "profile" in result:
+        profiled = result["profile"]
+        print(f"profiled ({profiled['profiled_steps']} steps, {profiled['profiled_seconds_per_step']:.3f} s/step under "
+              "the profiler), seconds per identity by kernel kind: "
+              + ", ".join(f"{kind} {value:.1f}" for kind, value in profiled["projected_seconds_per_identity"].items()))
     return output
 
 

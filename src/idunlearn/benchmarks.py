@@ -4,6 +4,8 @@ The measured step is the project's own: PIU's objectives (unlearning/piu.py) and
 (unlearning/optimisers.py), on the trainable set of a regime (models/layers.py), as runner.unlearn runs them.
 ``benchmark_optimisers`` compares the optimisers (weighted sum, EUPMU, EUPMU-fast, explicit surgery,
 epsilon-constrained) on the same PIU steps: seconds per step, backward passes per step and peak memory.
+``profile_breakdown`` splits a step's time into kinds of kernel (attention, convolution, matrix products, ...), so
+that what bounds a step on a machine can be read off, not guessed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import copy
 import datetime as dt
 import os
 import platform
+import re
 import resource
 import statistics
 import time
@@ -22,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers.models.attention_processor import AttnProcessor
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from .config import resolve_run_settings, run_setting_specs
@@ -144,10 +148,41 @@ def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_b
     return device, cfg, data, teacher, params, partial(forward_autocast, dtype, device)
 
 
+# kinds of kernel a step's time is split into, as regular expressions on profiler op names (first match wins; the
+# rest is "other": pointwise ops, norms, autograd bookkeeping, Python and profiler overhead)
+KERNEL_KINDS = (
+    ("attention backward", r"scaled_dot_product.*backward"),
+    ("attention forward", r"scaled_dot_product"),
+    ("convolution backward", r"convolution_backward"),
+    ("convolution forward", r"convolution|conv2d"),
+    ("matrix products", r"^aten::(mm|addmm|bmm|baddbmm)$"),
+    ("casts and copies", r"^aten::(copy_|_to_copy|clone)$"),
+)
+
+
+def kernel_kind(op_name: str) -> str:
+    """The kind of kernel a profiler op name belongs to (KERNEL_KINDS), or "other"."""
+    return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, op_name)), "other")
+
+
+def profile_breakdown(step, steps: int) -> dict:
+    """Run ``step()`` ``steps`` times under torch.profiler and split the CPU time by kernel kind: each op's self
+    time counts once, so the kinds add up to the profiled total (the profiler's own overhead lands in "other")."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    seconds = dict.fromkeys([kind for kind, _ in KERNEL_KINDS] + ["other"], 0.0)
+    for event in prof.key_averages():
+        seconds[kernel_kind(event.key)] += event.self_cpu_time_total / 1e6 / steps
+    total = sum(seconds.values())
+    return {"profiled_steps": steps, "seconds_per_step": seconds, "profiled_seconds_per_step": total,
+            "share": {kind: value / total for kind, value in seconds.items()}}
+
+
 def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int,
                   regime: str = "surgical", device: str | torch.device = "cuda", dtype: str = "fp32",
                   compile: bool = False, *, warmup: int = 1, projected_steps: int = 400,
-                  settings: dict | None = None, seed: int = 0) -> dict:
+                  settings: dict | None = None, seed: int = 0, profile_steps: int = 0) -> dict:
     """Time ``steps`` PIU steps (after ``warmup`` untimed ones) on ``generator``, which is trained in place.
 
     dtype "bf16": as the run setting precision bf16 (models/precision.py: bf16 autocast around the forward passes,
@@ -155,9 +190,13 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
     optimiser settings (default: the config schema's unlearning defaults). FLOPs come from FlopCounterMode on
     steps at batches (1, 1), (2, 1) and (1, 2), extrapolated linearly (every cost of a step is per-sample except
     the optimiser update, which counts no FLOPs); text-encoder SDPA attention is not counted on CPU (<1% of a step).
+    ``profile_steps`` > 0: that many more steps under the profiler, their time split by kernel kind
+    (``profile_breakdown``), with each kind's seconds projected to ``projected_steps``.
     """
     device, cfg, data, teacher, params, autocast = _setup(generator, steps, forget_batch, retain_batch, regime,
                                                           device, dtype, warmup, settings, seed)
+    if profile_steps and device.type != "cpu":  # the CPU profiler does not see the time of asynchronous GPU kernels
+        raise ValueError(f"profile_steps splits CPU time only: run it with device cpu, not {device}")
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     optimiser = build_optimiser(params, cfg)
     generator.unet.train()
@@ -193,6 +232,8 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
             step(forget_batch, retain_batch)
             _synchronize(device)
             seconds.append(time.perf_counter() - tick)
+        breakdown = (profile_breakdown(partial(step, forget_batch, retain_batch), profile_steps)
+                     if profile_steps else None)
     generator.unet.eval()
 
     if device.type == "cuda":
@@ -212,18 +253,22 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
         "trainable_parameters": sum(p.numel() for p in params),
         "settings": {k: cfg[k] for k in ("method", "optimiser", "eta", "lambda", "lr", "weight_decay")},
         "machine": machine_info(device), "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        **({"profile": {**breakdown, "projected_seconds_per_identity": {
+            kind: value * projected_steps for kind, value in breakdown["seconds_per_step"].items()}}}
+           if breakdown else {}),
     }
 
 
 def benchmark_preset(preset: str, steps: int, device: str | torch.device = "cuda", dtype: str = "fp32",
                      compile: bool = False, *, warmup: int = 1, forget_batch: int | None = None,
                      retain_batch: int | None = None, regime: str = "surgical", projected_steps: int | None = None,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, profile_steps: int = 0) -> dict:
     """Build a preset's random-weight generator and benchmark it; the preset's batches unless given."""
     spec = _preset(preset)
     result = benchmark_piu(spec["build"](seed=seed), steps, forget_batch or spec["forget_batch"],
                            retain_batch or spec["retain_batch"], regime, device, dtype, compile, warmup=warmup,
-                           projected_steps=projected_steps or spec["projected_steps"], seed=seed)
+                           projected_steps=projected_steps or spec["projected_steps"], seed=seed,
+                           profile_steps=profile_steps)
     return {"preset": preset, **result}
 
 
