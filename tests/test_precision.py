@@ -50,17 +50,22 @@ def test_bf16_run_keeps_fp32_weights_and_follows_the_fp32_run(tmp_path):
     torch.manual_seed(0)
     base, data = build_mini_generator(TINY), tiny_data()
     runs = {}
-    for precision in ("fp32", "bf16"):
+    for precision, seed in (("fp32", 5), ("bf16", 5), ("fp32", 6)):
         gen = copy.deepcopy(base)
         log, timings = unlearn(gen, build_method("piu", RUN), data, {**RUN, "precision": precision},
-                               tmp_path / f"{precision}.pt", seed=5)
-        runs[precision] = (gen, log, timings)
-    (fp32, log32, t32), (bf16, log16, t16) = runs["fp32"], runs["bf16"]
+                               tmp_path / f"{precision}_{seed}.pt", seed=seed)
+        runs[precision, seed] = (gen, log["forget_loss"].to_numpy(), timings)
+    (_, loss32, t32), (bf16, loss16, t16) = runs["fp32", 5], runs["bf16", 5]
     assert (t32["precision"], t16["precision"]) == ("fp32", "bf16")
     assert all(p.dtype == torch.float32 for p in bf16.unet.parameters())
-    # same batches: the forget loss (the mean square of a small difference of two bf16 predictions on this random
-    # tiny model, ~1e-3) agrees to within bf16 rounding of that difference, and is not bit-identical
-    np.testing.assert_allclose(log16["forget_loss"], log32["forget_loss"], rtol=0.25)
-    assert not np.array_equal(log16["forget_loss"].to_numpy(), log32["forget_loss"].to_numpy())
+    # The forget loss here is the mean square of a small difference of two predictions of a random tiny model
+    # (~1e-3), so bf16 rounding moves it by 10-40% depending on the CPU's bf16 kernels (AMX or AVX-512 BF16). The
+    # scale to compare with is that of other batches: the bf16 run on the same batches must stay far nearer to the
+    # fp32 run (mean |log ratio| per step) than the fp32 run of another seed is, and must not be bit-identical.
+    def log_distance(a, b):
+        return float(np.mean(np.abs(np.log(a / b))))
+
+    assert log_distance(loss16, loss32) < 0.5 * log_distance(runs["fp32", 6][1], loss32)
+    assert not np.array_equal(loss16, loss32)
     # the run's processors are back after training
     assert not any(isinstance(p, Float32Attention) for p in bf16.unet.attn_processors.values())
