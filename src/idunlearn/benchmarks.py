@@ -165,9 +165,10 @@ def kernel_kind(op_name: str) -> str:
     return next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, op_name)), "other")
 
 
-def profile_breakdown(step, steps: int) -> dict:
-    """Run ``step()`` ``steps`` times under torch.profiler and split the CPU time by kernel kind: each op's self
-    time counts once, so the kinds add up to the profiled total (the profiler's own overhead lands in "other")."""
+def profile_breakdown(step, steps: int, projected_steps: int) -> dict:
+    """Run ``step()`` ``steps`` times under torch.profiler and split the CPU time by kernel kind, per step and
+    projected to ``projected_steps``: each op's self time counts once, so the kinds add up to the profiled total
+    (the profiler's own overhead lands in "other")."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
@@ -176,7 +177,8 @@ def profile_breakdown(step, steps: int) -> dict:
         seconds[kernel_kind(event.key)] += event.self_cpu_time_total / 1e6 / steps
     total = sum(seconds.values())
     return {"profiled_steps": steps, "seconds_per_step": seconds, "profiled_seconds_per_step": total,
-            "share": {kind: value / total for kind, value in seconds.items()}}
+            "share": {kind: value / total for kind, value in seconds.items()},
+            "projected_seconds_per_identity": {kind: value * projected_steps for kind, value in seconds.items()}}
 
 
 def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int,
@@ -193,10 +195,10 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
     ``profile_steps`` > 0: that many more steps under the profiler, their time split by kernel kind
     (``profile_breakdown``), with each kind's seconds projected to ``projected_steps``.
     """
+    if profile_steps and torch.device(device).type != "cpu":  # the CPU profiler does not see GPU kernels' time
+        raise ValueError(f"profile_steps splits CPU time only: run it with device cpu, not {device}")
     device, cfg, data, teacher, params, autocast = _setup(generator, steps, forget_batch, retain_batch, regime,
                                                           device, dtype, warmup, settings, seed)
-    if profile_steps and device.type != "cpu":  # the CPU profiler does not see the time of asynchronous GPU kernels
-        raise ValueError(f"profile_steps splits CPU time only: run it with device cpu, not {device}")
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     optimiser = build_optimiser(params, cfg)
     generator.unet.train()
@@ -232,7 +234,7 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
             step(forget_batch, retain_batch)
             _synchronize(device)
             seconds.append(time.perf_counter() - tick)
-        breakdown = (profile_breakdown(partial(step, forget_batch, retain_batch), profile_steps)
+        breakdown = (profile_breakdown(partial(step, forget_batch, retain_batch), profile_steps, projected_steps)
                      if profile_steps else None)
     generator.unet.eval()
 
@@ -253,9 +255,7 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
         "trainable_parameters": sum(p.numel() for p in params),
         "settings": {k: cfg[k] for k in ("method", "optimiser", "eta", "lambda", "lr", "weight_decay")},
         "machine": machine_info(device), "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        **({"profile": {**breakdown, "projected_seconds_per_identity": {
-            kind: value * projected_steps for kind, value in breakdown["seconds_per_step"].items()}}}
-           if breakdown else {}),
+        **({"profile": breakdown} if breakdown else {}),
     }
 
 
