@@ -1,5 +1,19 @@
 # Stage "train generator": (re)build the mini Arc2Face on the embedded faces. Not part of the default target:
 # the default run starts from the shipped checkpoint (generator.mini.checkpoint). Run `snakemake train_generator`.
+# `snakemake train_generator_reference` trains the never-trained reference: the same recipe without the images of
+# generator.reference.exclude_identities (by default every forget identity of the selection).
+
+
+def reference_excluded_identities(wildcards=None):
+    exclude = config["generator"]["reference"]["exclude_identities"]
+    return forget_identities() if exclude == "selection" else [int(i) for i in exclude]
+
+
+def reference_selection(wildcards):
+    """The selection table, when the reference excludes the selection's forget identities."""
+    if config["generator"]["reference"]["exclude_identities"] != "selection":
+        return []
+    return checkpoints.select_experiments.get().output.table
 
 
 rule train_generator:
@@ -7,6 +21,7 @@ rule train_generator:
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
         centroids=rules.cluster_identities.output.centroids,
+        labels=rules.cluster_identities.output.labels,
         models=face_models_dir(),
     output:
         model=results("generator", "trained", "model.safetensors"),
@@ -15,6 +30,7 @@ rule train_generator:
     params:
         mini=config["generator"]["mini"],
         faces=config["faces"],
+        exclude=[],
         state=results("generator", "train_state.pt"),
     threads: 2
     resources:
@@ -26,3 +42,24 @@ rule train_generator:
         "../environment.yml"
     script:
         "../workflow/scripts/train_generator.py"
+
+
+use rule train_generator as train_generator_reference with:
+    input:
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        centroids=rules.cluster_identities.output.centroids,
+        labels=rules.cluster_identities.output.labels,
+        models=face_models_dir(),
+        selection=reference_selection,
+    output:
+        model=results("generator", "reference", "model.safetensors"),
+        config=results("generator", "reference", "config.json"),
+        history=results("generator", "reference", "history.parquet"),
+    params:
+        mini=config["generator"]["mini"],
+        faces=config["faces"],
+        exclude=reference_excluded_identities,
+        state=results("generator", "reference_train_state.pt"),
+    log:
+        logs("train_generator_reference"),

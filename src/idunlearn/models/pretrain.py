@@ -92,9 +92,28 @@ def _save_state(path: Path, generator, ema, opt, rng, step: int, history: list[d
                     "rng": rng.get_state(), "step": step, "history": table, "history_keys": keys}, tmp)
 
 
+def training_faces(faces, labels=None, exclude_identities=()):
+    """The embedded faces the generator trains on: every detected face, less those of ``exclude_identities``
+    (identity ids of ``labels``, identities/labels.parquet), so that an excluded person's images are never read."""
+    ok = faces[faces["status"] == "ok"]
+    exclude = {int(i) for i in exclude_identities}
+    if not exclude:
+        return ok
+    if labels is None:
+        raise ValueError("exclude_identities needs the identity labels (identities/labels.parquet)")
+    identity = labels.set_index("image_id")["identity"]
+    unknown = sorted(exclude - set(identity.astype(int)))
+    if unknown:
+        raise ValueError(f"exclude_identities: {unknown} are no identity of identities/labels.parquet; "
+                         "name identities that the clustering found")
+    return ok[~ok["image_id"].map(identity).isin(exclude).to_numpy()]
+
+
 def train_mini_generator(manifest, faces, arch: dict, cfg: dict, out_dir, state_path,
-                         monitor: Callable | None = None) -> list[dict]:
-    """Train the mini Arc2Face on every embedded face and save it (EMA weights) with its config and history.
+                         monitor: Callable | None = None, labels=None, exclude_identities=(),
+                         provenance: dict | None = None) -> list[dict]:
+    """Train the mini Arc2Face on every embedded face (less ``exclude_identities``: the never-trained reference) and
+    save it (EMA weights) with its config, history and, when given, ``provenance``.
 
     Every ``monitor_every`` steps ``monitor(ema, step)`` returns metrics to log (the workflow passes
     ``evaluation.generation.identity_monitor``: ISM and nearest-centroid accuracy of one sample per identity).
@@ -103,13 +122,16 @@ def train_mini_generator(manifest, faces, arch: dict, cfg: dict, out_dir, state_
     from .mini import build_mini_generator, save_mini_generator
 
     torch.manual_seed(cfg["seed"])
-    ok = faces[faces["status"] == "ok"]
+    ok = training_faces(faces, labels, exclude_identities)
     paths = manifest.set_index("image_id").loc[ok["image_id"], "path"]
     images = faces_to_training_images(aligned_crops(paths, ok["landmarks"]), arch["image_size"], arch["channels"])
     embeddings = torch.tensor(np.stack(ok["embedding"].to_numpy()), dtype=torch.float32)
     generator = build_mini_generator(arch)
     ema, history = pretrain(generator, images, embeddings, cfg, state_path, monitor)
     ema.architecture = generator.architecture
-    save_mini_generator(ema, out_dir, {"training": cfg, "images": len(images),
-                                       "final": {k: v for k, v in history[-1].items() if k != "seconds"}})
+    info = {"training": cfg, "images": len(images),
+            "final": {k: v for k, v in history[-1].items() if k != "seconds"}}
+    if exclude_identities:
+        info["excluded_identities"] = sorted(int(i) for i in exclude_identities)
+    save_mini_generator(ema, out_dir, {**info, **({"produced_by": provenance} if provenance else {})})
     return history
