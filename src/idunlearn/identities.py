@@ -1,15 +1,27 @@
-"""Identity discovery: DBSCAN over face embeddings (PIU Section 4 and appendix A), centroids (eq. 5), diagnostics."""
+"""Identity discovery: DBSCAN over face embeddings (PIU Section 4 and appendix A), centroids (eq. 5), diagnostics.
+
+Every all-pairs step (DBSCAN's neighbourhoods, the nearest-neighbour histogram, leave-one-out 1-NN) works in float32
+row blocks against the whole array, never holding an N x N matrix nor forming a same-array product (OpenBLAS's
+symmetric path segfaults on float64 ``emb @ emb.T`` from about 20,000 rows; CelebA-HQ has 28,000 images). The few
+pairs that float32 rounding could misorder are rescored in float64, so results equal the exact float64 ones.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
+from scipy import sparse
 from sklearn.cluster import DBSCAN
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+from sklearn.neighbors import sort_graph_by_row_values
 
 from .faces.analyser import embedding_matrix
+
+BLOCK_ELEMENTS = 2**25  # one float32 similarity block is 128 MiB however many embeddings there are
+MAX_RADIUS_PAIRS = 50_000_000  # DBSCAN neighbourhoods beyond this (about 600 MB) mean eps links near everything
 
 
 def l2_normalise(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -19,15 +31,64 @@ def l2_normalise(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return x / norm
 
 
-def cluster_identities(embeddings: np.ndarray, eps: float = 0.35, min_samples: int = 2) -> np.ndarray:
+def _float32_slack(dim: int) -> float:
+    """Bound on |float32 - float64| cosine of two unit vectors of length ``dim`` (input rounding plus a dim-term sum)."""
+    return float((dim + 2) * np.finfo(np.float32).eps)
+
+
+def _similarity_blocks(unit: np.ndarray, block_rows: int | None) -> Iterator[tuple[int, np.ndarray]]:
+    """(start, float32 cosines of rows start.. against every row), one bounded block of rows at a time."""
+    n = len(unit)
+    rows = block_rows if block_rows is not None else max(1, BLOCK_ELEMENTS // n)
+    if rows < 1:
+        raise ValueError(f"block_rows must be at least 1, got {block_rows}")
+    unit32 = unit.astype(np.float32)
+    columns = unit32.copy()  # a separate buffer: numpy sends a @ a.T of one buffer to BLAS's symmetric path
+    for start in range(0, n, rows):
+        yield start, unit32[start:start + rows] @ columns.T
+
+
+def _pair_cosines(unit: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Float64 cosine of each listed pair of unit rows."""
+    return np.einsum("ij,ij->i", unit[rows], unit[cols])
+
+
+def cosine_radius_graph(unit: np.ndarray, eps: float, block_rows: int | None = None) -> sparse.csr_matrix:
+    """Sparse cosine distances (1 - cos, clipped to [0, 2] as scikit-learn's cosine metric) of every pair <= eps.
+
+    Self pairs are stored as explicit zeros. Memory grows with the number of pairs, not with N squared.
+    """
+    n, slack = len(unit), _float32_slack(unit.shape[1])
+    found, pairs = [], 0
+    for start, sim in _similarity_blocks(unit, block_rows):
+        rows, cols = np.nonzero(sim >= np.float32(1 - eps - slack))
+        rows += start
+        dist = np.clip(1 - _pair_cosines(unit, rows, cols), 0, 2)
+        dist[rows == cols] = 0.0
+        keep = dist <= eps
+        found.append((rows[keep], cols[keep], dist[keep]))
+        pairs += int(keep.sum())
+        if pairs > MAX_RADIUS_PAIRS:
+            raise ValueError(f"identities.eps = {eps} links more than {MAX_RADIUS_PAIRS} embedding pairs, so DBSCAN "
+                             "would put nearly everyone in one identity: lower identities.eps (paper 0.35)")
+    rows, cols, dist = (np.concatenate(parts) for parts in zip(*found))
+    graph = sparse.csr_matrix((dist, (rows, cols)), shape=(n, n))
+    return sort_graph_by_row_values(graph, copy=False, warn_when_not_sorted=False)
+
+
+def cluster_identities(embeddings: np.ndarray, eps: float = 0.35, min_samples: int = 2,
+                       block_rows: int | None = None) -> np.ndarray:
     """Identity label per embedding: DBSCAN with cosine distance (PIU appendix A), noise points as singletons.
 
-    Labels are renumbered 0..K-1 in order of each identity's first image, so they do not depend on DBSCAN's numbering.
+    DBSCAN reads the sparse within-eps distances (``cosine_radius_graph``): the labels of its cosine metric, with
+    memory bounded by the neighbourhoods. Labels are renumbered 0..K-1 in order of each identity's first image, so
+    they do not depend on DBSCAN's numbering.
     """
     if len(embeddings) == 0:
         raise ValueError("no embeddings to cluster: every image failed face extraction")
-    emb = l2_normalise(np.asarray(embeddings, np.float64))
-    raw = DBSCAN(eps=eps, min_samples=min_samples, metric="cosine").fit_predict(emb)
+    unit = l2_normalise(np.asarray(embeddings, np.float64))
+    graph = cosine_radius_graph(unit, eps, block_rows)
+    raw = DBSCAN(eps=eps, min_samples=min_samples, metric="precomputed").fit_predict(graph)
     keys = [("c", int(r)) if r >= 0 else ("n", i) for i, r in enumerate(raw)]  # each noise point is its own key
     order: dict = {}
     for key in keys:
@@ -38,13 +99,12 @@ def cluster_identities(embeddings: np.ndarray, eps: float = 0.35, min_samples: i
 def identity_centroids(embeddings: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
     """Per identity: size and centroid, the L2-normalised mean of its L2-normalised embeddings (PIU eq. 5)."""
     emb = l2_normalise(np.asarray(embeddings, np.float64))
-    ids = np.unique(labels)
-    rows = []
-    for ident in ids:
-        members = emb[labels == ident]
-        rows.append({"identity": int(ident), "size": int(len(members)),
-                     "centroid": l2_normalise(members.mean(0)).astype(np.float32).tolist()})
-    return pd.DataFrame(rows)
+    ids, member_of, sizes = np.unique(np.asarray(labels), return_inverse=True, return_counts=True)
+    by_identity = np.argsort(member_of, kind="stable")
+    sums = np.add.reduceat(emb[by_identity], np.r_[0, np.cumsum(sizes)[:-1]], axis=0)
+    centroids = l2_normalise(sums / sizes[:, None]).astype(np.float32)
+    return pd.DataFrame({"identity": ids.astype(np.int64), "size": sizes.astype(np.int64),
+                         "centroid": [c.tolist() for c in centroids]})
 
 
 def centroid_matrix(centroids: pd.DataFrame) -> np.ndarray:
@@ -56,21 +116,43 @@ def centroid_lookup(centroids: pd.DataFrame) -> dict[int, np.ndarray]:
     return dict(zip(centroids["identity"].astype(int).tolist(), centroid_matrix(centroids)))
 
 
-def nearest_neighbour_cosine(embeddings: np.ndarray) -> np.ndarray:
-    """For each sample, the cosine similarity to its nearest other sample (PIU Fig. 7)."""
-    emb = l2_normalise(np.asarray(embeddings, np.float64))
-    sim = emb @ emb.T
-    np.fill_diagonal(sim, -np.inf)
-    return sim.max(axis=1)
+@dataclass(frozen=True)
+class NearestNeighbours:
+    index: np.ndarray  # (N,) each sample's nearest other sample, -1 when there is none
+    cosine: np.ndarray  # (N,) float64 cosine to it, -inf when there is none
 
 
-def leave_one_out_1nn_accuracy(embeddings: np.ndarray, true_labels) -> float:
-    """Fraction of samples whose nearest other sample (cosine) has the same true identity."""
-    emb = l2_normalise(np.asarray(embeddings, np.float64))
-    sim = emb @ emb.T
-    np.fill_diagonal(sim, -np.inf)
+def nearest_neighbours(embeddings: np.ndarray, block_rows: int | None = None) -> NearestNeighbours:
+    """Each sample's nearest other sample by cosine (PIU Fig. 7), ties to the lower index as argmax.
+
+    Per row, the float32 candidates within the rounding bound of the row's best are rescored in float64.
+    """
+    unit = l2_normalise(np.asarray(embeddings, np.float64))
+    n = len(unit)
+    index, cosine = np.full(n, -1, np.int64), np.full(n, -np.inf)
+    if n < 2:
+        return NearestNeighbours(index, cosine)
+    margin = np.float32(2 * _float32_slack(unit.shape[1]))
+    for start, sim in _similarity_blocks(unit, block_rows):
+        local = np.arange(len(sim))
+        sim[local, start + local] = -np.inf  # a sample is not its own neighbour
+        rows, cols = np.nonzero(sim >= (sim.max(axis=1) - margin)[:, None])
+        rows += start
+        exact = _pair_cosines(unit, rows, cols)
+        ranked = np.lexsort((cols, -exact, rows))  # per row: highest float64 cosine, then lowest index
+        best = ranked[np.r_[True, rows[ranked][1:] != rows[ranked][:-1]]]
+        index[rows[best]], cosine[rows[best]] = cols[best], exact[best]
+    return NearestNeighbours(index, cosine)
+
+
+def leave_one_out_1nn_accuracy(nearest: NearestNeighbours, true_labels) -> float:
+    """Fraction of samples whose nearest other sample (cosine) has the same true identity; NaN below 2 samples."""
     true_labels = np.asarray(true_labels)
-    return float(np.mean(true_labels[sim.argmax(axis=1)] == true_labels))
+    if len(true_labels) != len(nearest.index):
+        raise ValueError(f"{len(true_labels)} true labels for {len(nearest.index)} nearest neighbours")
+    if len(true_labels) < 2:
+        return float("nan")
+    return float(np.mean(true_labels[nearest.index] == true_labels))
 
 
 def histogram_modes(values: np.ndarray, bins: int = 50, value_range=(-1.0, 1.0)) -> dict:
@@ -94,7 +176,8 @@ def histogram_modes(values: np.ndarray, bins: int = 50, value_range=(-1.0, 1.0))
     return {"counts": counts, "edges": edges, **out}
 
 
-def clustering_summary(labels: np.ndarray, embeddings: np.ndarray, n_images_total: int, true_labels=None) -> pd.DataFrame:
+def clustering_summary(labels: np.ndarray, nearest: NearestNeighbours, n_images_total: int,
+                       true_labels=None) -> pd.DataFrame:
     """Tidy (metric, value) table: images, clusters, size distribution, and agreement with true identities if known."""
     sizes = np.bincount(labels)
     rows = {
@@ -113,7 +196,7 @@ def clustering_summary(labels: np.ndarray, embeddings: np.ndarray, n_images_tota
             true_identities=int(pd.Series(true_labels).nunique()),
             adjusted_rand_index=float(adjusted_rand_score(true_labels, labels)),
             normalized_mutual_info=float(normalized_mutual_info_score(true_labels, labels)),
-            loo_1nn_accuracy=leave_one_out_1nn_accuracy(embeddings, true_labels),
+            loo_1nn_accuracy=leave_one_out_1nn_accuracy(nearest, true_labels),
         )
     return pd.DataFrame({"metric": list(rows), "value": [float(v) for v in rows.values()]})
 
@@ -140,8 +223,9 @@ def run_identity_stage(embeddings: pd.DataFrame, manifest: pd.DataFrame, cfg: di
     labels = cluster_identities(matrix, cfg["eps"], cfg["min_samples"])
     truth = manifest.set_index("image_id")["true_identity"].reindex(ok["image_id"]).to_numpy()
     has_truth = len(truth) > 0 and pd.notna(truth).all()
-    summary = clustering_summary(labels, matrix, len(manifest), truth if has_truth else None)
-    hist = histogram_modes(nearest_neighbour_cosine(matrix), bins=cfg["histogram_bins"])
+    nearest = nearest_neighbours(matrix)
+    summary = clustering_summary(labels, nearest, len(manifest), truth if has_truth else None)
+    hist = histogram_modes(nearest.cosine, bins=cfg["histogram_bins"])
     extra = {"images_dropped_nonfinite": int((~finite).sum()), "nn_mode_low": hist["mode_low"],
              "nn_mode_high": hist["mode_high"], "nn_valley": hist["valley"],
              "dbscan_eps": cfg["eps"], "dbscan_min_samples": cfg["min_samples"]}
