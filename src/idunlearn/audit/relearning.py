@@ -14,7 +14,6 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 import torch
-from torch.nn.functional import mse_loss
 
 from ..conditions import dirichlet_mixtures
 from ..evaluation.samples import evaluation_set, generate_samples, score_samples
@@ -23,7 +22,7 @@ from ..faces.analyser import FaceAnalyser, ok_embeddings
 from ..models.generator import IdentityGenerator
 from ..models.layers import select_trainable
 from ..runlog import logs_duration
-from ..unlearning.conditions import draw_examples, noised
+from ..unlearning.finetune import attacker_optimiser, finetune_step
 from .probes import AUDIT_SEED_OFFSET, control_identity
 from .verification import verified
 
@@ -40,22 +39,13 @@ def relearn(generator: IdentityGenerator, latents: torch.Tensor, embeddings: np.
         raise ValueError(f"config key 'audit.probes.relearning.steps': non-negative step counts needed (got {steps})")
     generator.requires_grad_(False)
     params = list(select_trainable(generator.unet, cfg["regime"]).values())
-    optimiser = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
-    scheduler = generator.training_scheduler()
+    optimiser = attacker_optimiser(params, cfg["lr"])
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     records, done = [], 0
     for k in steps:
         generator.unet.train()
         while done < k:
-            x0, emb = draw_examples(latents, embeddings, cfg["batch"], rng)
-            x_t, t, eps = noised(scheduler, x0, gen, generator.device)
-            with torch.no_grad():
-                cond = generator.conditions(torch.from_numpy(emb))
-            # the plain denoising loss ||eps - eps_theta(x_t, t, c)||^2 (DDPM; PIU Section 3.1)
-            loss = mse_loss(generator.predict_noise(x_t, t, cond).float(), eps.float())
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
+            finetune_step(generator, optimiser, latents, embeddings, cfg["batch"], rng, gen)
             done += 1
         generator.unet.eval()
         records.append({"k": k, **measure(generator)})
