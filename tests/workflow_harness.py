@@ -58,3 +58,19 @@ def jobs_run(proc: subprocess.CompletedProcess) -> list[tuple[str, str]]:
             wc = re.search(r"wildcards: ([^\n]*)", block)
             out.append((head[1], wc[1] if wc else ""))
     return out
+
+
+# The reduced default pipeline of the suite's end-to-end tests (conftest's two_runs): one forget identity, a few steps
+# and samples, every audit probe small, from the shipped mini generator.
+QUICK = {
+    "selection": {"n_forget": 1},
+    "generator": {"backend": "mini", "mini": {"checkpoint": str(REPO / "data" / "shipped" / "mini-arc2face")}},
+    "unlearning": {"runs": {"piu": {"steps": 6, "forget_batch": 2, "retain_batch": 2, "checkpoint_every": 3}}},
+    "evaluation": {"n_forget_samples": 4, "n_retain_samples": 4, "steps": 5, "kd": {"num_subsets": 5}},
+    "layer_analysis": {"n_identities": 4, "images_per_identity": 2},
+    "audit": {"default_target": True, "probes": {
+        "leak": {"conditions": 1, "seeds": 2, "ks": [1, 2]}, "photo": {"seeds": 1},
+        "neighbourhood": {"cosines": [1.0, 0.5], "retain_directions": 1, "random_directions": 1, "seeds": 1},
+        "relearning": {"steps": [0, 2], "images": 2, "batch": 2},
+        "trajectory": {"timesteps": [750], "images": 1}, "attack": {"restarts": 2, "steps": 2, "samples": 2}}},
+}

@@ -1,5 +1,5 @@
 """Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `... benchmark-piu ...`,
-`... benchmark-optimisers ...`, `... apply-delta --base <UNet folder> --delta delta.safetensors --out <folder>`."""
+`... benchmark-optimisers ...`, `... apply-delta --base <UNet folder> --delta delta.safetensors --out <folder>`, `... docs --results results/`."""
 
 from __future__ import annotations
 
@@ -52,6 +52,18 @@ def apply_delta_command(base: str, delta: str, out: str) -> None:
     print(f"{out}: unlearned UNet, sha256 {unet_sha256(unet)}")
 
 
+def docs_command(results: str, root: str) -> None:
+    """Rewrite the generated tables of README.md and docs/ from a results folder, and the configuration reference
+    from the schema; a block whose tables are missing keeps its text."""
+    from pathlib import Path
+
+    from .docs import regenerate
+
+    for page, blocks in regenerate(Path(root), Path(results)).items():
+        for block, status in blocks.items():
+            print(f"{page}: {block}: {status}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="idunlearn")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +76,9 @@ def main(argv=None) -> None:
     add_benchmark_arguments(sub.add_parser("benchmark-piu", help=BENCHMARK_HELP))
     add_optimiser_benchmark_arguments(sub.add_parser("benchmark-optimisers", help=OPTIMISER_HELP))
     add_phase_two_arguments(sub.add_parser("benchmark-phase-two", help=PHASE_TWO_HELP))
+    docs = sub.add_parser("docs", help=docs_command.__doc__)
+    docs.add_argument("--results", default="results", help="the results folder a workflow run wrote")
+    docs.add_argument("--root", default=".", help="the folder holding README.md and docs/")
     args = parser.parse_args(argv)
     if args.command == "fetch-assets":
         fetch_assets(args.configfile)
@@ -75,6 +90,8 @@ def main(argv=None) -> None:
         run_optimiser_benchmark(args)
     elif args.command == "benchmark-phase-two":
         run_phase_two(args)
+    elif args.command == "docs":
+        docs_command(args.results, args.root)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 "bf16" is mixed precision: the forward passes run under bf16 autocast (convolutions, feed-forward and projection
 layers in bf16), every attention module runs in fp32, and parameters, gradients and optimiser state stay fp32. The
 attention is kept in fp32 because PyTorch's CPU flash-attention backward is about 5x slower in bf16 than in fp32 on
-these sizes (README, Benchmarks) and its softmax is the op most sensitive to precision.
+these sizes (docs/benchmarks.md) and its softmax is the op most sensitive to precision.
 """
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ class EpsilonConstrained(Optimiser):
       retain pull when f1 is small, and Phase II stops short of its bound). With ``epsilon_scale: batch`` (an
       extension) f1 and epsilon are relative to the original model's f1 on the same batch,
       psi = beta (f1 / f1_0(batch) - epsilon)^delta2 ||grad f1||^2, f1_0 = the method's ``forget_reference``: one
-      fixed epsilon then means the same on easy and hard batches (README "Controllable unlearning");
+      fixed epsilon then means the same on easy and hard batches (docs/results/controllable.md);
     - ``original``: no update, only f1 and f2 logged on the run's batches (an extension, not the paper's: the
       original model in place of the lowest boundary, see ``unlearning.controllable.<run>.lowest``).
 
@@ -258,7 +258,7 @@ class EpsilonConstrained(Optimiser):
     fast as the retain descent raises it, and AdamW's momentum keeps descending f1 for steps after eta_t has
     dropped to 0. The correction, in the bounded objective's units, is logged as ``bound_correction`` (0: the step
     stayed as it was). It bounds f1 from both sides, min f2 s.t. f1 = epsilon to first order, so the end point is
-    the epsilon a user asked for rather than any point below it (README "Controllable unlearning").
+    the epsilon a user asked for rather than any point below it (docs/results/controllable.md).
 
     Config: ``epsilon_alpha`` (alpha), ``epsilon_phase1_delta`` (delta1 >= 1), ``epsilon_beta`` (beta),
     ``epsilon_phase2_delta`` (delta2), ``epsilon`` (Phase II's bound on f1; see ``epsilon_at``), ``epsilon_scale``

@@ -1,0 +1,392 @@
+"""User docs whose numbers regenerate. ``python -m idunlearn docs --results results/`` rewrites every generated block
+of README.md and docs/**/*.md from the result tables the workflow wrote (a block whose tables are missing, or lack
+the runs it names, keeps its text), and the configuration reference (docs/configuration.md) from the JSON schema.
+
+A generated block sits between ``<!-- generated:NAME -->`` (or ``<!-- generated:NAME:ARGUMENT -->``) and
+``<!-- /generated -->``; NAME picks a renderer of ``RENDERERS``, ARGUMENT (run names, comma-separated) narrows it."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .audit.tables import ORIGINAL, headline
+from .config import load_schema
+from .io import atomic_path
+
+COMMAND = "python -m idunlearn docs --results results/"
+BLOCK = re.compile(r"(?P<open><!-- generated:(?P<name>[\w.-]+)(?::(?P<argument>[^ >]*))? -->\n)(?P<body>.*?)"
+                   r"(?P<close><!-- /generated -->)", re.S)
+
+
+class MissingResults(LookupError):
+    """A block's tables (or the runs it names) are not in the results folder: the block keeps its text."""
+
+
+# ----- cells -------------------------------------------------------------------------------------------------------
+
+def number(value) -> str:
+    """A value as the docs print it: 3 decimals below 10, 1 above, '-' for a missing one."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "-"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def interval(mean, low, high) -> str:
+    """'mean (low to high)', or the mean alone when the interval is missing (one identity)."""
+    if low is None or (isinstance(low, float) and np.isnan(low)):
+        return number(mean)
+    return f"{number(mean)} ({number(low)} to {number(high)})"
+
+
+def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
+    def line(cells):
+        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+    return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)]) + "\n"
+
+
+def _read(results: Path, *parts: str) -> pd.DataFrame:
+    path = results.joinpath(*parts)
+    if not path.is_file():
+        raise MissingResults(str(path))
+    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+
+
+def _runs(argument: str | None) -> list[str]:
+    return [r for r in (argument or "").split(",") if r]
+
+
+def _require_runs(table: pd.DataFrame, runs: list[str], what: str) -> None:
+    missing = sorted(set(runs) - set(table["run"]))
+    if missing:
+        raise MissingResults(f"{what} has no rows of run(s) {missing}")
+
+
+# ----- renderers: result tables -> Markdown ------------------------------------------------------------------------
+
+HEADLINE_ROWS = {"ism_forget": "forget ISM", "ism_retain": "retain-validation ISM",
+                 "srk": "SRK, pooled (PIU eqs. 8-10), identity bootstrap",
+                 "detection_rate_forget": "face-detection rate, forget samples",
+                 "kd_forget": "KD to the real retain-validation images, forget samples",
+                 "kd_retain": "KD to the real retain-validation images, retain samples"}
+
+
+def render_headline(results: Path, argument: str | None) -> str:
+    """One run's before / after table (``tables/summary_long.csv``): mean over its forget identities with the
+    95% identity-bootstrap interval; SRK pooled over samples."""
+    run = argument or "piu"
+    long = _read(results, "tables", "summary_long.csv")
+    _require_runs(long, [run], "tables/summary_long.csv")
+    cells = long[long["run"] == run].set_index(["metric", "phase"])
+    n = int(cells.loc[("srk", "after"), "n"])
+    rows = [[title, *(interval(*cells.loc[(metric, phase), ["mean", "ci_low", "ci_high"]])
+                      for phase in ("before", "after"))]
+            for metric, title in HEADLINE_ROWS.items() if (metric, "after") in cells.index]
+    return (f"Run `{run}`, {n} forget identities; mean (95% identity-bootstrap interval).\n\n"
+            + markdown_table(["", "before unlearning", f"after `{run}`"], rows))
+
+
+METRIC_TITLES = {"ism_forget": "forget ISM", "ism_retain": "retain ISM", "anchor_ism_retain": "anchor ISM (retain)",
+                 "srk": "SRK (pooled)", "kd_forget_delta": "KD forget change", "kd_retain_delta": "KD retain change",
+                 "quality_forget": "quality forget", "quality_retain": "quality retain"}
+
+
+# the columns the docs show: the KD change of the retain samples in Table 1 (collateral), of the forget samples in the
+# ablations (realism of what replaces the person)
+STUDY_COLUMNS = {"table1": ["ism_forget", "ism_retain", "srk", "kd_retain_delta"],
+                 "ablation": ["ism_forget", "ism_retain", "srk", "kd_forget_delta"]}
+
+
+def render_study_table(results: Path, argument: str | None) -> str:
+    """One of the PIU paper's Tables 1-6 (``tables/study/<table>.parquet``): value (95% interval) [paper's value]."""
+    table = _read(results, "tables", "study", f"{argument}.parquet")
+    metrics = [m for m in STUDY_COLUMNS.get(argument, STUDY_COLUMNS["ablation"]) if f"{m}_paper" in table.columns]
+    rows = []
+    for row in table.itertuples(index=False):
+        record = row._asdict()
+        label = record["row"] if record["run"] == "before" else f"{record['row']} (`{record['run']}`)"
+        rows.append([label, str(record["n_identities"]),
+                     *(f"{interval(record[m], record[f'{m}_ci_low'], record[f'{m}_ci_high'])} [{number(record[f'{m}_paper'])}]"
+                       for m in metrics)])
+    return markdown_table(["row", "n", *(METRIC_TITLES.get(m, m) for m in metrics)], rows)
+
+
+def render_claims(results: Path, argument: str | None) -> str:
+    """The study's claims (``tables/study/claims.csv``), one line each: verdict, effect with its interval, Holm p."""
+    claims = _read(results, "tables", "study", "claims.csv")
+    if argument:
+        claims = claims[claims["table"].isin(argument.split(","))]
+    lines = []
+    for c in claims.itertuples(index=False):
+        verdict = ("established" if c.established else
+                   "holds in direction, not established" if c.holds else "does not hold")
+        sign = ">" if c.direction > 0 else "<"
+        lines.append(f"- **{verdict}**: {c.claim} ({c.table}: {c.row_b} {sign} {c.row_a} in {c.metric}, n = "
+                     f"{c.n_identities}): effect {c.effect:+.3g} ({c.effect_ci_low:+.3g} to {c.effect_ci_high:+.3g}), "
+                     f"Holm p {c.p_holm:.2g}")
+    return "\n".join(lines) + "\n"
+
+
+def render_tuning(results: Path, argument: str | None) -> str:
+    """Per tuned method its chosen setting (``tables/tuning/grid.csv``): pooled forget and retain ISM on the tuning
+    identities (ratio to before) and how many of its settings forget."""
+    grid = _read(results, "tables", "tuning", "grid.csv")
+    rows = []
+    for method, group in grid.groupby("method", sort=False):
+        chosen = group[group["chosen"]].iloc[0]
+        setting = chosen["point"] if chosen["eligible"] else f"{chosen['point']} (none eligible: least damaging)"
+        rows.append([method, setting, f"{number(chosen['ism_forget'])} ({chosen['forget_ratio']:.2f})",
+                     f"{number(chosen['ism_retain'])} ({chosen['retain_ratio']:.2f})",
+                     f"{int(group['forgets'].sum())} of {len(group)}"])
+    return markdown_table(["method", "chosen setting", "forget ISM (x before)", "retain ISM (x before)",
+                           "settings that forget"], rows)
+
+
+def _audit_runs(summary: pd.DataFrame, argument: str | None) -> list[str]:
+    runs = _runs(argument) or [ORIGINAL, *sorted(set(summary["run"]) - {ORIGINAL})]
+    _require_runs(summary, runs, "tables/audit_summary.csv")
+    return runs
+
+
+def render_audit_probes(results: Path, argument: str | None) -> str:
+    """The audit's headline measures (``tables/audit_summary.csv``), one row per measure, one column per run:
+    mean over forget identities (95% identity-bootstrap interval)."""
+    summary = _read(results, "tables", "audit_summary.csv")
+    runs = _audit_runs(summary, argument)
+    cells = summary.set_index(["run", "probe", "setting", "metric"])
+    rows = [[title, *(interval(*cells.loc[(run, probe, setting, metric), ["mean", "ci_low", "ci_high"]])
+                      if (run, probe, setting, metric) in cells.index else "-" for run in runs)]
+            for probe, setting, metric, title in headline(summary)]
+    return markdown_table(["measure", *(f"`{run}`" for run in runs)], rows)
+
+
+def render_audit_verdicts(results: Path, argument: str | None) -> str:
+    """Per audited run, how many forget identities get each verdict (``tables/audit_verdicts.csv``), and which."""
+    verdicts = _read(results, "tables", "audit_verdicts.csv")
+    runs = _runs(argument) or sorted(verdicts["run"].unique())
+    _require_runs(verdicts, runs, "tables/audit_verdicts.csv")
+    kinds = list(dict.fromkeys(verdicts["verdict"]))
+    rows = []
+    for run in runs:
+        part = verdicts[verdicts["run"] == run]
+        rows.append([f"`{run}`", *(_identities_with(part, kind) for kind in kinds)])
+    return markdown_table(["run", *kinds], rows)
+
+
+def _identities_with(part: pd.DataFrame, kind: str) -> str:
+    ids = sorted(int(i) for i in part.loc[part["verdict"] == kind, "identity"])
+    return f"{len(ids)} ({', '.join(map(str, ids))})" if ids else "0"
+
+
+def render_audit_comparisons(results: Path, argument: str | None) -> str:
+    """Each audited run minus the reference run (``tables/audit_comparisons.csv``), paired by identity: mean
+    difference (95% identity-bootstrap interval) and two-sided Wilcoxon p."""
+    comparisons = _read(results, "tables", "audit_comparisons.csv")
+    runs = _runs(argument) or sorted(comparisons["run"].unique())
+    _require_runs(comparisons, runs, "tables/audit_comparisons.csv")
+    rows = [[f"`{c.run}` - `{c.reference}`", f"{c.probe} {c.setting} {c.metric}", str(c.n),
+             interval(c.mean_diff, c.boot_low, c.boot_high), number(c.p_wilcoxon)]
+            for c in comparisons[comparisons["run"].isin(runs)].itertuples(index=False)]
+    return markdown_table(["runs", "measure", "n", "difference (95% interval)", "p"], rows)
+
+
+def render_file_table(*parts: str) -> Callable[[Path, str | None], str]:
+    """Every row and column of one table the workflow wrote (``parts`` under the results folder)."""
+    def render(results: Path, argument: str | None) -> str:
+        table = _read(results, *parts)
+        if argument and "run" in table.columns:
+            _require_runs(table, _runs(argument), "/".join(parts))
+            table = table[table["run"].isin(_runs(argument))]
+        return markdown_table(list(table.columns), [[number(v) for v in row] for row in table.itertuples(index=False)])
+    render.__doc__ = f"Every row and column of results/{'/'.join(parts)}."
+    return render
+
+
+RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
+    "headline": render_headline,
+    "study": render_study_table,
+    "claims": render_claims,
+    "tuning": render_tuning,
+    "audit.probes": render_audit_probes,
+    "audit.verdicts": render_audit_verdicts,
+    "audit.comparisons": render_audit_comparisons,
+    "controllable.front": render_file_table("tables", "pareto_summary.csv"),
+    "many.joint": render_file_table("tables", "many_joint.csv"),
+    "many.sequential": render_file_table("tables", "many_sequential.csv"),
+    "recognizer.random_subset": render_file_table("recognizer", "tables", "random_subset.csv"),
+    "recognizer.classwise": render_file_table("recognizer", "tables", "classwise.csv"),
+}
+
+
+# ----- the configuration reference, from the schema -----------------------------------------------------------------
+
+@dataclass
+class SettingRow:
+    key: str
+    type: str
+    default: str
+    meaning: str
+
+
+def _resolve(node: dict, schema: dict) -> dict:
+    """``node`` with a local ``$ref`` merged in (the node's own keys win)."""
+    if "$ref" not in node:
+        return node
+    target = schema
+    for part in node["$ref"].lstrip("#/").split("/"):
+        target = target[part]
+    return {**_resolve(target, schema), **{k: v for k, v in node.items() if k != "$ref"}}
+
+
+def _type(node: dict) -> str:
+    if "enum" in node:
+        return "one of " + ", ".join(f"`{v}`" for v in node["enum"])
+    kinds = node.get("type", "any")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    return " or ".join(kinds)
+
+
+def _default(node: dict) -> str:
+    if "default" not in node:
+        return "(none: absent)" if "properties" not in node else ""
+    value = node["default"]
+    if isinstance(value, dict) and not value and "properties" in node:
+        return ""  # the keys below carry the defaults
+    return f"`{json.dumps(value)}`"
+
+
+def setting_rows(schema: dict | None = None) -> list[SettingRow]:
+    """Every key of the schema, depth first: nested objects as ``a.b``, maps of named entries as ``a.<name>.b``,
+    lists of objects as ``a[].b``."""
+    schema = schema or load_schema()
+    rows: list[SettingRow] = []
+
+    def walk(node: dict, key: str) -> None:
+        node = _resolve(node, schema)
+        if key:
+            rows.append(SettingRow(key, _type(node), _default(node), " ".join(node.get("description", "").split())))
+        for name, child in node.get("properties", {}).items():
+            walk(child, f"{key}.{name}" if key else name)
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and ("properties" in extra or "$ref" in extra):
+            walk(extra, f"{key}.<name>")
+        items = node.get("items")
+        if isinstance(items, dict) and "properties" in _resolve(items, schema):
+            walk(items, f"{key}[]")
+
+    walk(schema, "")
+    return rows
+
+
+RUN_SETTINGS = "unlearning.defaults."
+
+
+def setting_readers() -> dict[str, list[str]]:
+    """Run setting -> the methods and optimisers whose code reads it (a string literal of the setting's name in the
+    class or its idunlearn base classes); settings the run loop itself reads (``unlearning/runner.py``) read by
+    every run."""
+    from .config import run_setting_names
+    from .unlearning import METHODS, runner
+    from .unlearning.optimisers import OPTIMISERS
+
+    def literals(obj) -> set[str]:
+        return {node.value for node in ast.walk(ast.parse(inspect.getsource(obj)))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+    def class_literals(cls) -> set[str]:
+        return set().union(*(literals(base) for base in cls.__mro__ if base.__module__.startswith("idunlearn")))
+
+    readers: dict[str, list[str]] = {name: [] for name in run_setting_names()}
+    for kind, registry in (("method", METHODS), ("optimiser", OPTIMISERS)):
+        read = {name: class_literals(cls) for name, cls in registry.items()}
+        for setting in readers:
+            names = [name for name in registry if setting in read[name]]
+            if len(names) == len(registry):
+                readers[setting].append(f"every {kind}")
+            else:
+                readers[setting] += [f"{kind} `{name}`" for name in names]
+    for setting in literals(runner) & set(readers):
+        readers[setting] = ["every run (the run loop)"]
+    return {setting: names or ["the workflow (which identities, anchor or bound a job gets)"]
+            for setting, names in readers.items()}
+
+
+def render_configuration(results: Path | None = None, argument: str | None = None) -> str:
+    """The configuration reference: per top-level section a table of every key with its type, default and meaning;
+    the run settings (``unlearning.defaults``) also say which methods and optimisers read them."""
+    readers = setting_readers()
+    sections: dict[str, list[SettingRow]] = {}
+    for row in setting_rows():
+        sections.setdefault(row.key.split(".")[0].split("[")[0], []).append(row)
+    out = []
+    for section, rows in sections.items():
+        out.append(f"### `{section}`\n")
+        runs = any(r.key.startswith(RUN_SETTINGS) for r in rows)
+        header = ["key", "type", "default", "meaning", *(["read by"] if runs else [])]
+        body = []
+        for r in rows:
+            cells = [f"`{r.key}`", r.type, r.default, r.meaning]
+            if runs:
+                setting = r.key[len(RUN_SETTINGS):] if r.key.startswith(RUN_SETTINGS) else None
+                cells.append(", ".join(readers.get(setting, [])) if setting else "")
+            body.append(cells)
+        out.append(markdown_table(header, body))
+    return "\n".join(out)
+
+
+RENDERERS["configuration"] = render_configuration
+
+
+# ----- pages ---------------------------------------------------------------------------------------------------------
+
+def pages(root: Path) -> list[Path]:
+    """README.md and every Markdown page under docs/."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.is_file()]
+
+
+def regenerate_text(text: str, results: Path) -> tuple[str, dict[str, str]]:
+    """``text`` with every generated block rendered from ``results``; block -> 'written' or why it was kept."""
+    status: dict[str, str] = {}
+
+    def replace(match: re.Match) -> str:
+        name, argument = match["name"], match["argument"]
+        label = f"{name}:{argument}" if argument else name
+        if name not in RENDERERS:
+            raise ValueError(f"generated block {label!r}: no renderer of that name; use one of {', '.join(RENDERERS)}")
+        try:
+            body = RENDERERS[name](results, argument)
+        except MissingResults as missing:
+            status[label] = f"kept (missing: {missing})"
+            return match[0]
+        status[label] = "written"
+        return match["open"] + body + match["close"]
+
+    return BLOCK.sub(replace, text), status
+
+
+def regenerate(root: Path, results: Path) -> dict[str, dict[str, str]]:
+    """Rewrite the generated blocks of every page under ``root`` from ``results``; page -> block -> status."""
+    report = {}
+    for page in pages(root):
+        text = page.read_text()
+        new, status = regenerate_text(text, results)
+        if new != text:
+            with atomic_path(page) as tmp:
+                tmp.write_text(new)
+        if status:
+            report[str(page.relative_to(root))] = status
+    return report

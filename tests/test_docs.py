@@ -1,0 +1,155 @@
+"""The user docs: README one screen, every relative link resolving, no tracker or diary words, the configuration
+reference equal to the schema, and generated tables that the docs command rewrites from a run's result tables."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from idunlearn.docs import BLOCK, markdown_table, pages, regenerate, regenerate_text, render_configuration
+
+PAGES = pages(REPO)
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)|<img [^>]*src=\"([^\"]+)\"")
+TRACKER = re.compile(r"\bissue \d+|(?<![\w/&])#\d+\b|\bsessions?\b|\bstop \d+", re.I)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(m[1]) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return [next(g for g in m.groups() if g) for m in LINK.finditer(text)]
+
+
+def test_readme_is_one_screen_with_a_picture():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    pictures = [target for target in links(REPO / "README.md") if target.endswith(".png")]
+    assert pictures and all((REPO / p).stat().st_size > 0 for p in pictures)
+    assert "make run" in readme and "make test" in readme
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in links(page):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(target)
+    assert broken == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_tracker_or_diary_words(page):
+    assert [m[0] for m in TRACKER.finditer(page.read_text())] == []
+
+
+def test_tracker_pattern_catches_what_it_should():
+    assert [m[0] for m in TRACKER.finditer("see issue 15, #12 and stop 3 of the session")] == [
+        "issue 15", "#12", "stop 3", "session"]
+    assert not TRACKER.search("a Markdown heading ## Results, the anchor [x](a.md#results), &#124;")
+
+
+def test_configuration_reference_matches_the_schema():
+    page = (REPO / "docs" / "configuration.md").read_text()
+    block = next(m for m in BLOCK.finditer(page) if m["name"] == "configuration")
+    assert block["body"] == render_configuration(), (
+        "docs/configuration.md disagrees with the schema: run `python -m idunlearn docs --results results/`")
+
+
+def test_configuration_reference_lists_every_run_setting_with_its_type_and_default():
+    import json
+
+    from idunlearn.config import load_schema
+
+    rows = {line.split(" | ")[0][3:-1]: line.split(" | ") for line in render_configuration().splitlines()
+            if line.startswith("| `")}
+    defaults = load_schema()["properties"]["unlearning"]["properties"]["defaults"]["properties"]
+    for key, node in defaults.items():
+        cells = rows[f"unlearning.defaults.{key}"]
+        assert cells[2] == (f"`{json.dumps(node['default'])}`" if "default" in node else "(none: absent)")
+        assert cells[-1].strip(" |"), f"no reader listed for run setting {key}"
+    assert {"seed", "audit.probes.attack.steps", "unlearning.runs.<name>.steps"} <= set(rows)
+
+
+def test_every_generated_block_names_a_renderer_and_keeps_its_text_without_results(tmp_path):
+    for page in PAGES:
+        text = page.read_text()
+        new, status = regenerate_text(text, tmp_path)
+        kept = {name for name, s in status.items() if s.startswith("kept")}
+        assert kept | {"configuration"} >= set(status)
+        if "configuration" not in status:
+            assert new == text
+
+
+def test_an_unknown_block_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="no renderer"):
+        regenerate_text("<!-- generated:nonsense -->\nx\n<!-- /generated -->\n", tmp_path)
+
+
+def test_markdown_table_escapes_pipes():
+    assert markdown_table(["a"], [["x | y"]]).splitlines()[2] == "| x \\| y |"
+
+
+def _table(text: str, start: str) -> pd.DataFrame:
+    """The Markdown table of the generated block whose marker starts with ``start``."""
+    body = next(m["body"] for m in BLOCK.finditer(text) if f"generated:{m['name']}".startswith(start)
+                or f"generated:{m['name']}:{m['argument']}" == start)
+    rows = [line.strip("|").split(" | ") for line in body.splitlines() if line.startswith("|")]
+    return pd.DataFrame(rows[2:], columns=[c.strip() for c in rows[0]])
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_docs_command_writes_the_run_s_tables(two_runs, tmp_path):
+    """The docs command on the suite's small run (one forget identity): the README headline equals summary_long.csv,
+    and the default run's audit table equals the audit's per-identity Parquet (one identity: the mean is its value)."""
+    results = two_runs[0][0] / "results"
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    report = regenerate(tmp_path, results)
+    assert report["README.md"]["headline:piu"] == "written"
+    assert report["docs/results/audit.md"]["audit.probes:original,piu"] == "written"
+    assert report["docs/results/study.md"]["study:table1"].startswith("kept")  # no study in this run
+
+    headline = _table((tmp_path / "README.md").read_text(), "generated:headline:piu").set_index("")
+    long = pd.read_csv(results / "tables" / "summary_long.csv").set_index(["run", "metric", "phase"])
+    forget_after = long.loc[("piu", "ism_forget", "after")]
+    assert headline.loc["forget ISM", "after `piu`"] == (
+        f"{forget_after['mean']:.3f} ({forget_after['ci_low']:.3f} to {forget_after['ci_high']:.3f})"
+        if pd.notna(forget_after["ci_low"]) else f"{forget_after['mean']:.3f}")
+
+    audit = _table((tmp_path / "docs" / "results" / "audit.md").read_text(),
+                   "generated:audit.probes:original,piu").set_index("measure")
+    rows = pd.read_parquet(results / "tables" / "audit.parquet").set_index(["run", "probe", "setting", "metric"])
+    for run, probe, setting, metric, title in [("piu", "evaluation", "forget", "fa", "FA (evaluation)"),
+                                               ("original", "leak", "k=2", "leak", "Leak@2"),
+                                               ("piu", "attack", "best", "ism", "attack ISM")]:
+        value = rows.loc[(run, probe, setting, metric), "value"]
+        assert float(audit.loc[title, f"`{run}`"].split(" ")[0]) == pytest.approx(float(value), abs=5e-4)
+    # a second run rewrites nothing: the page is a function of the results
+    before = {p: p.read_text() for p in pages(tmp_path)}
+    regenerate(tmp_path, results)
+    assert {p: p.read_text() for p in pages(tmp_path)} == before
