@@ -22,7 +22,6 @@ from .audit.tables import ORIGINAL, headline
 from .config import load_schema
 from .io import atomic_path
 
-COMMAND = "python -m idunlearn docs --results results/"
 BLOCK = re.compile(r"(?P<open><!-- generated:(?P<name>[\w.-]+)(?::(?P<argument>[^ >]*))? -->\n)(?P<body>.*?)"
                    r"(?P<close><!-- /generated -->)", re.S)
 
@@ -227,6 +226,8 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "controllable.front": render_file_table("tables", "pareto_summary.csv"),
     "many.joint": render_file_table("tables", "many_joint.csv"),
     "many.sequential": render_file_table("tables", "many_sequential.csv"),
+    "many.strategies": render_file_table("tables", "many_strategies.csv"),
+    "many.comparisons": render_file_table("tables", "many_comparisons.csv"),
     "recognizer.random_subset": render_file_table("recognizer", "tables", "random_subset.csv"),
     "recognizer.classwise": render_file_table("recognizer", "tables", "classwise.csv"),
 }
