@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderKL, DDPMScheduler, DPMSolverMultistepScheduler, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from idunlearn.assets import AssetError
 from idunlearn.benchmarks import random_unlearning_data
@@ -17,11 +17,13 @@ from idunlearn.faces.insightface_backend import ARC2FACE_REPO, ARC2FACE_REVISION
 from idunlearn.models import arc2face
 from idunlearn.models.arc2face import (SD15_REPO, SD15_REVISION, SD15_SCHEDULER_FILE, load_arc2face, random_arc2face,
                                        sd15_scheduler_config, tiny_arc2face)
-from idunlearn.models.conditioning import ID_TOKEN, ID_TOKEN_POSITION, SEQUENCE_LENGTH
+from idunlearn.models.conditioning import (EMPTY_PROMPT_IDS, ID_PROMPT, ID_PROMPT_IDS, ID_TOKEN, ID_TOKEN_POSITION,
+                                           SEQUENCE_LENGTH, check_template_ids)
 from idunlearn.models.generator import IdentityGenerator
 from idunlearn.models.layers import SURGICAL_BLOCKS, cross_attention_layers, trainable_parameter_names
 from idunlearn.unlearning import build_method
 from idunlearn.unlearning.runner import unlearn
+from paper_hub import clip_alphabet, write_clip_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -108,27 +110,38 @@ def stand_ins() -> dict:
             "scheduler": {**SD15_SCHEDULER_FILE, "_diffusers_version": "0.6.0"}}
 
 
-def patch_loaders(monkeypatch, stand_ins: dict, failing: str | None = None) -> dict:
-    """Replace every hub loader load_arc2face uses; record the keyword arguments each receives."""
-    calls = {}
+@pytest.fixture(scope="module")
+def sd15_tokenizer_folder(tmp_path_factory):
+    """SD1.5's tokenizer files cut down to the template (tests/paper_hub.py), at the ids the package hard-codes."""
+    folder = tmp_path_factory.mktemp("tokenizer") / "tokenizer"
+    write_clip_tokenizer(folder)
+    return folder
+
+
+def patch_loaders(monkeypatch, stand_ins: dict, failing: str | None = None, tokenizer=None) -> dict:
+    """Replace every hub loader load_arc2face uses; record the keyword arguments each receives. The tokenizer
+    comes from the folder ``tokenizer`` (None: absent from the cache)."""
+    calls, read_tokenizer = {}, CLIPTokenizer.from_pretrained
 
     def load(repo, subfolder, **kwargs):
         calls[subfolder] = {"repo": repo, **kwargs}
-        if subfolder == failing:
+        if subfolder == failing or (subfolder == "tokenizer" and tokenizer is None):
             raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
-        return stand_ins[subfolder]
+        return read_tokenizer(tokenizer) if subfolder == "tokenizer" else stand_ins[subfolder]
 
     for cls, name in ((arc2face.CLIPTextModel, "from_pretrained"), (arc2face.UNet2DConditionModel, "from_pretrained"),
-                      (arc2face.AutoencoderKL, "from_pretrained"), (arc2face.DDPMScheduler, "load_config")):
+                      (arc2face.AutoencoderKL, "from_pretrained"), (arc2face.DDPMScheduler, "load_config"),
+                      (arc2face.CLIPTokenizer, "from_pretrained")):
         monkeypatch.setattr(cls, name, load)
     return calls
 
 
-def test_every_hub_load_is_pinned(monkeypatch, stand_ins, tmp_path):
-    calls = patch_loaders(monkeypatch, stand_ins)
+def test_every_hub_load_is_pinned(monkeypatch, stand_ins, tmp_path, sd15_tokenizer_folder):
+    calls = patch_loaders(monkeypatch, stand_ins, tokenizer=sd15_tokenizer_folder)
     generator = load_arc2face(device="cpu", cache_dir=tmp_path, local_files_only=True)
     expected = {"encoder": (ARC2FACE_REPO, ARC2FACE_REVISION), "arc2face": (ARC2FACE_REPO, ARC2FACE_REVISION),
-                "vae": (SD15_REPO, SD15_REVISION), "scheduler": (SD15_REPO, SD15_REVISION)}
+                "vae": (SD15_REPO, SD15_REVISION), "scheduler": (SD15_REPO, SD15_REVISION),
+                "tokenizer": (SD15_REPO, SD15_REVISION)}
     assert {sub: (c["repo"], c["revision"]) for sub, c in calls.items()} == expected
     assert all(c["cache_dir"] == tmp_path and c["local_files_only"] is True for c in calls.values())
     assert generator.unet is stand_ins["arc2face"] and generator.vae is stand_ins["vae"]
@@ -151,6 +164,31 @@ def test_hub_failure_is_an_asset_error_naming_the_revision(monkeypatch, stand_in
     for part in (repo, repr(failing), revision, "huggingface-cli download", "HF_HOME"):
         assert part in message
     assert isinstance(excinfo.value.__cause__, OSError)
+
+
+# --- the template's token ids against SD1.5's tokenizer files ------------------------------------------------------
+
+def test_the_template_ids_come_from_the_tokenizer_when_its_files_are_there(sd15_tokenizer_folder):
+    tokenizer = CLIPTokenizer.from_pretrained(sd15_tokenizer_folder)
+    assert tokenizer(ID_PROMPT).input_ids == ID_PROMPT_IDS and tokenizer("").input_ids == EMPTY_PROMPT_IDS
+    # independent of the hard-coded list: a one-letter word is its byte-alphabet character + '</w>' at 256 + position
+    assert ID_PROMPT_IDS[ID_PROMPT.split().index("a") + 1] == 256 + clip_alphabet().index("a")
+    check_template_ids(lambda text: tokenizer(text).input_ids)
+
+
+def test_a_tokenizer_with_other_ids_stops_the_load(monkeypatch, stand_ins, tmp_path):
+    folder = tmp_path / "tokenizer"
+    write_clip_tokenizer(folder, {**dict(zip(ID_PROMPT.split(), ID_PROMPT_IDS[1:-1])), "id": 1015})
+    patch_loaders(monkeypatch, stand_ins, tokenizer=folder)
+    with pytest.raises(ValueError, match=r"1015.*photo of a id person.*not SD1.5's"):
+        load_arc2face(device="cpu", local_files_only=True)
+
+
+def test_without_the_tokenizer_files_the_hard_coded_ids_are_used_with_a_warning(monkeypatch, stand_ins):
+    calls = patch_loaders(monkeypatch, stand_ins, tokenizer=None)
+    with pytest.warns(UserWarning, match="token ids are used unchecked"):
+        generator = load_arc2face(device="cpu", local_files_only=True)
+    assert "tokenizer" in calls and int(generator.encoder.id_ids[0, ID_TOKEN_POSITION]) == ID_TOKEN
 
 
 # --- one PIU step on the real-size UNet ----------------------------------------------------------------------------

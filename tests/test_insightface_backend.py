@@ -133,22 +133,27 @@ def test_analyse_keeps_the_largest_face_and_reports_status(tmp_path):
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, rtol=1e-6)
 
 
-def test_download_uses_the_pinned_revisions(tmp_path, monkeypatch):
-    calls = []
+def test_download_reads_the_pinned_revisions_through_the_hub_cache(tmp_path, monkeypatch):
+    calls, cache = [], tmp_path / "cache"
 
-    def fake_download(repo_id, filename, *, revision=None, local_dir=None, token=None, **kwargs):
-        calls.append((repo_id, filename, revision, token))
-        return str(local_dir / filename)
+    def fake_download(repo_id, filename, *, revision=None, token=None, **kwargs):
+        calls.append((repo_id, filename, revision, token, sorted(kwargs)))
+        path = cache / repo_id / revision / filename  # where huggingface_hub's cache would hold it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"{repo_id} {filename}".encode())
+        return str(path)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
 
-    paths = download_paper_face_models(tmp_path, token="hf_x")
+    paths = download_paper_face_models(tmp_path / "models", token="hf_x")
 
+    # no local_dir: offline (HF_HUB_OFFLINE=1) only the cache is read, and a local_dir download would skip it
     assert sorted(calls) == sorted([
-        (DETECTOR_REPO, "scrfd_10g_bnkps.onnx", DETECTOR_REVISION, "hf_x"),
-        (ARC2FACE_REPO, "arcface.onnx", ARC2FACE_REVISION, "hf_x"),
+        (DETECTOR_REPO, "scrfd_10g_bnkps.onnx", DETECTOR_REVISION, "hf_x", []),
+        (ARC2FACE_REPO, "arcface.onnx", ARC2FACE_REVISION, "hf_x", []),
     ])
-    assert sorted(paths) == sorted([tmp_path / "scrfd_10g_bnkps.onnx", tmp_path / "arcface.onnx"])
+    assert sorted(paths) == sorted([tmp_path / "models" / "scrfd_10g_bnkps.onnx", tmp_path / "models" / "arcface.onnx"])
+    assert (tmp_path / "models" / "arcface.onnx").read_bytes() == f"{ARC2FACE_REPO} arcface.onnx".encode()
     assert ARC2FACE_REVISION == "321709b2e9697ea2a5bd06c8a51b340592333e1e"
     assert DETECTOR_REVISION == "ba0c3e10f4548361eb9a63265d87ce1140ab5a05"
 
@@ -303,3 +308,52 @@ def test_quality_reads_the_landmarks_in_the_frame_it_is_given(tmp_path):
     assert np.isfinite(scores[0]) and scores[0] == pytest.approx(scores[1], abs=1e-3)  # up to PIL's rounding
     misplaced = quality(frame[None], rows.assign(detected=True))[0]  # the face's own landmarks read on the frame
     assert abs(misplaced - scores[1]) > 0.1
+
+
+# --- which face, and where onnxruntime runs ---
+
+def test_centre_weighted_choice_prefers_the_subject_in_the_middle_to_a_larger_face_at_the_edge():
+    edge, centre = [0, 0, 120, 120], [90, 90, 190, 190]  # 14,400 px at the corner, 10,000 px in the middle
+    image = coloured_image((280, 280))
+    boxes = {}
+    for choice in ("largest", "centre_weighted"):
+        analyser = InsightFaceAnalyser(StubDetector([edge, centre]), StubRecognizer(), face_choice=choice)
+        boxes[choice] = analyser.analyse([("x", image)], progress=False).loc[0, "box"]
+    assert boxes == {"largest": edge, "centre_weighted": centre}
+    with pytest.raises(ValueError, match="face choice 'middle'"):
+        InsightFaceAnalyser(StubDetector([]), StubRecognizer(), face_choice="middle")
+
+
+@pytest.mark.parametrize("cuda, offered, expected", [
+    (True, ["CUDAExecutionProvider", "CPUExecutionProvider"], ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+    (False, ["CUDAExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"]),
+    (True, ["CPUExecutionProvider"], ["CPUExecutionProvider"]),  # a CPU-only onnxruntime build
+])
+def test_onnxruntime_runs_on_the_gpu_when_the_job_has_one(monkeypatch, tmp_path, cuda, offered, expected):
+    import onnxruntime
+    import torch
+    from insightface import model_zoo
+
+    from idunlearn.faces.insightface_backend import onnx_providers
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: offered)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert onnx_providers() == expected
+    seen = []
+
+    class Model:
+        def __init__(self, taskname):
+            self.taskname, self.use_kps = taskname, True
+
+        def prepare(self, ctx_id, **kwargs):
+            pass
+
+    def get_model(path, providers):
+        seen.append(providers)
+        return Model("detection" if "scrfd" in path else "recognition")
+
+    monkeypatch.setattr(model_zoo, "get_model", get_model)
+    for name in ("scrfd_10g_bnkps.onnx", "arcface.onnx"):
+        (tmp_path / name).write_bytes(b"")
+    InsightFaceAnalyser.from_dir(tmp_path)
+    assert seen == [expected, expected]

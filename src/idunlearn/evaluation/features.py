@@ -12,11 +12,13 @@ from ..faces.analyser import FaceAnalyser
 from ..faces.mobilefacenet import MobileFaceNet
 
 
-def whole_frames(images: np.ndarray, size: int) -> torch.Tensor:
-    """(N, H, W, 3) uint8 -> (N, 3, size, size) float RGB in [0, 255], the whole image bicubic-resized."""
+def whole_frames(images: np.ndarray, size: int, antialias: bool = False) -> torch.Tensor:
+    """(N, H, W, 3) uint8 -> (N, 3, size, size) float RGB in [0, 255], the whole image bicubic-resized (with
+    ``antialias``, low-pass filtered first when shrinking, as PIL's resize is)."""
     x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
     if x.shape[-2:] != (size, size):
-        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False)
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False,
+                                            antialias=antialias)
     return x.clamp(0, 255)
 
 
@@ -60,29 +62,48 @@ class MobileFaceNetMapFeatures:
         return torch.cat(out).numpy()
 
 
+DINOV2_REPO = "facebook/dinov2-large"
+# A commit of facebook/dinov2-large pinned in public code (not checked here: no hub); a run records what it loaded.
+DINOV2_REVISION = "47b73eefe95e8d44ec3623f8890bd894b6ea2d6c"
+
+
 class DinoV2Features:
-    """DINOv2 ViT-L/14 CLS token (1024-d) at 224x224 bicubic, ImageNet normalisation, not L2-normalised
-    (dgm-eval, as used by the PIU tables)."""
+    """DINOv2 ViT-L/14 CLS token (1024-d) as the KD reference code computes it (layer6ai-labs/dgm-eval,
+    dgm_eval/models/dinov2.py): the whole image resized to 224x224 bicubic with antialiasing (torchvision's Resize on
+    a PIL image), ImageNet normalisation, the CLS token after the final layer norm, not L2-normalised."""
 
     name = "dinov2-vitl14 CLS"
     MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    SIZE = 224
 
-    def __init__(self, model: torch.nn.Module, device: str = "cpu", batch_size: int = 32):
-        self.model, self.device, self.batch_size = model.to(device).eval(), device, batch_size
+    def __init__(self, model: torch.nn.Module, device: str | torch.device = "cpu", batch_size: int = 32):
+        self.model, self.device, self.batch_size = model.to(device).eval(), torch.device(device), batch_size
 
     @classmethod
-    def from_hub(cls, repo: str = "facebook/dinov2-large", revision: str | None = None, **kwargs) -> "DinoV2Features":
+    def from_hub(cls, repo: str = DINOV2_REPO, revision: str | None = None, **kwargs) -> "DinoV2Features":
+        """The model at ``revision`` (None: the pinned DINOV2_REVISION) through the Hugging Face cache."""
         from transformers import AutoModel
 
-        return cls(AutoModel.from_pretrained(repo, revision=revision), **kwargs)
+        from ..assets import AssetError
+
+        revision = revision or DINOV2_REVISION
+        try:
+            model = AutoModel.from_pretrained(repo, revision=revision)
+        # hub errors differ across huggingface_hub versions and transports
+        except Exception as exc:
+            raise AssetError(f"could not load DINOv2 from hub repo {repo} at revision {revision} "
+                             f"({type(exc).__name__}: {exc}). On a machine that reaches huggingface.co run "
+                             f"`huggingface-cli download {repo} --revision {revision}` and copy the cache folder "
+                             "here (HF_HOME).") from exc
+        return cls(model, **kwargs)
 
     @torch.no_grad()
     def __call__(self, images: np.ndarray) -> np.ndarray:
-        mean = torch.tensor(self.MEAN).view(1, 3, 1, 1)
-        std = torch.tensor(self.STD).view(1, 3, 1, 1)
+        mean = torch.tensor(self.MEAN, device=self.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.STD, device=self.device).view(1, 3, 1, 1)
         out = []
         for i in range(0, len(images), self.batch_size):
-            x = whole_frames(images[i:i + self.batch_size], 224) / 255
-            x = ((x - mean) / std).to(self.device)
-            out.append(self.model(pixel_values=x).last_hidden_state[:, 0].float().cpu())
+            x = whole_frames(images[i:i + self.batch_size], self.SIZE, antialias=True).to(self.device) / 255
+            # last_hidden_state is after Dinov2Model's final layer norm; row 0 is the CLS token
+            out.append(self.model(pixel_values=(x - mean) / std).last_hidden_state[:, 0].float().cpu())
         return torch.cat(out).numpy().astype(np.float64)

@@ -40,5 +40,6 @@ def build_face_analyser(cfg: dict, models_dir: str | Path) -> FaceAnalyser:
 
         options = cfg["insightface"]
         return InsightFaceAnalyser.from_dir(models_dir, det_size=tuple(options["det_size"]),
-                                            det_thresh=options["det_thresh"], **limits)
+                                            det_thresh=options["det_thresh"], face_choice=options["face_choice"],
+                                            **limits)
     raise ValueError(f"faces.backend {backend!r} is unknown: use 'offline' or 'insightface'")

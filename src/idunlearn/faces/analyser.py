@@ -1,4 +1,4 @@
-"""The face-analyser interface: detect -> largest face -> align -> embed, batched, one status row per image."""
+"""The face-analyser interface: detect -> choose one face -> align -> embed, batched, one status row per image."""
 
 from __future__ import annotations
 
@@ -62,9 +62,29 @@ def load_rgb(path: str | Path) -> np.ndarray:
         raise ImageLoadError(FaceStatus.UNREADABLE, f"{type(exc).__name__}: {exc}") from exc
 
 
-def largest(detections: Sequence[Detection]) -> Detection | None:
-    """The face with the largest box (the paper keeps the largest face per image)."""
+def largest(detections: Sequence[Detection], image_shape: Sequence[int] | None = None) -> Detection | None:
+    """The face with the largest box (Arc2Face's README keeps the largest face per image)."""
     return max(detections, key=lambda d: d.area) if detections else None
+
+
+def centre_weighted(detections: Sequence[Detection], image_shape: Sequence[int]) -> Detection | None:
+    """The face with the largest area x (1 - offset)^2, offset = distance of the box centre from the image centre
+    over the image diagonal: the PIU reimplementation's choice for the dataset and for scoring
+    (edgarcancinoe/piu-unlearning, src/piu_unlearning/models/arcface.py), so a large face at the edge of a generated
+    sample loses to the subject in the middle."""
+    if not detections:
+        return None
+    height, width = image_shape[:2]
+    diagonal = math.hypot(height, width)
+
+    def score(d: Detection) -> float:
+        offset = math.hypot((d.box[0] + d.box[2]) / 2 - width / 2, (d.box[1] + d.box[3]) / 2 - height / 2) / diagonal
+        return d.area * (1.0 - offset) ** 2
+
+    return max(detections, key=score)
+
+
+FACE_CHOICES = {"largest": largest, "centre_weighted": centre_weighted}
 
 
 class FaceAnalyser(abc.ABC):
@@ -73,16 +93,20 @@ class FaceAnalyser(abc.ABC):
     Input policy: images are given at their own resolution (generated samples as generated). ``working_image``
     says how the analyser looks at one (as given by default; a backend may enlarge small images for its detector);
     detection, the face-size check and alignment happen there, and the reported box and landmarks are in the given
-    image's pixel coordinates. The largest face is aligned to the ArcFace template at ``aligned_size``.
+    image's pixel coordinates. The face that ``face_choice`` names (``FACE_CHOICES``) is aligned to the ArcFace
+    template at ``aligned_size``.
     """
 
     name: str
     embedding_dim: int
     aligned_size: int = ALIGNED_SIZE
 
-    def __init__(self, min_image_size: int = 16, min_face_size: float = 20.0):
+    def __init__(self, min_image_size: int = 16, min_face_size: float = 20.0, face_choice: str = "largest"):
+        if face_choice not in FACE_CHOICES:
+            raise ValueError(f"face choice {face_choice!r} is unknown: use one of {sorted(FACE_CHOICES)}")
         self.min_image_size = min_image_size
         self.min_face_size = min_face_size
+        self.choose_face = FACE_CHOICES[face_choice]
 
     @abc.abstractmethod
     def detect(self, image: np.ndarray) -> list[Detection]:
@@ -135,7 +159,7 @@ class FaceAnalyser(abc.ABC):
             row.update(status=FaceStatus.TOO_SMALL.value, message=f"image {image.shape[1]}x{image.shape[0]}")
             return row
         work, scale = self.working_image(image)
-        face = largest(self.detect(work))
+        face = self.choose_face(self.detect(work), work.shape)
         if face is None:
             row.update(status=FaceStatus.NO_FACE.value, message="no face detected")
             return row

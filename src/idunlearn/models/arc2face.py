@@ -8,14 +8,15 @@ small enough for a CPU. The hub facts and parameter counts are in shared/notes/r
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from diffusers import AutoencoderKL, DDPMScheduler, DPMSolverMultistepScheduler, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from ..assets import AssetError
 from ..faces.insightface_backend import ARC2FACE_REPO, ARC2FACE_REVISION
-from .conditioning import SEQUENCE_LENGTH, IdentityTextEncoder
+from .conditioning import SEQUENCE_LENGTH, IdentityTextEncoder, check_template_ids
 from .generator import IdentityGenerator
 from .mini import build_mini_generator
 
@@ -101,11 +102,28 @@ def load_arc2face(device: str | torch.device = "cuda", dtype: torch.dtype = torc
     vae = _from_hub(AutoencoderKL.from_pretrained, SD15_REPO, "vae", SD15_REVISION, "SD1.5 VAE", **hub)
     scheduler = _from_hub(DDPMScheduler.load_config, SD15_REPO, "scheduler", SD15_REVISION,
                           "SD1.5 scheduler config", **hub)
+    check_sd15_tokenizer(**hub)
     for frozen in (text, vae):  # only UNet parameters are ever trained
         frozen.requires_grad_(False).eval()
     generator = IdentityGenerator(IdentityTextEncoder(text), unet.eval(), scheduler_kwargs(dict(scheduler)), vae=vae,
                                   vae_scale=vae.config.scaling_factor)
     return generator.to(device=device, dtype=dtype)
+
+
+def check_sd15_tokenizer(cache_dir=None, local_files_only: bool = False) -> bool:
+    """Check the template's hard-coded token ids against SD1.5's tokenizer files (vocab.json, merges.txt) at the
+    pinned revision (``conditioning.check_template_ids``); True when checked. Only the ids are used, so a cache
+    without the tokenizer folder still loads, with a warning saying the ids went unchecked."""
+    try:
+        tokenizer = CLIPTokenizer.from_pretrained(SD15_REPO, subfolder="tokenizer", revision=SD15_REVISION,
+                                                  cache_dir=cache_dir, local_files_only=local_files_only)
+    # hub errors differ across huggingface_hub versions and transports
+    except Exception as exc:
+        warnings.warn(f"SD1.5's tokenizer ({SD15_REPO}, subfolder 'tokenizer', revision {SD15_REVISION}) could not "
+                      f"be loaded ({type(exc).__name__}: {exc}); the template's token ids are used unchecked")
+        return False
+    check_template_ids(lambda text: tokenizer(text).input_ids)
+    return True
 
 
 def random_arc2face(sample_size: int = 64, device: str | torch.device = "cpu", seed: int = 0) -> IdentityGenerator:

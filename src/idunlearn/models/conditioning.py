@@ -12,12 +12,24 @@ from torch import nn
 
 SEQUENCE_LENGTH = 77
 BOS, EOS = 49406, 49407
-# CLIP BPE ids of `photo of a id person` (only `id` = 1014 is confirmed from Arc2Face's code; check the rest
-# against the real tokenizer when the hub is reachable). SD1.5's tokenizer pads with EOS.
+ID_PROMPT = "photo of a id person"
+# CLIP BPE ids of ID_PROMPT and of the empty prompt. `id` = 1014 is in Arc2Face's code; load_arc2face checks the
+# whole list against SD1.5's tokenizer files when they are there (check_template_ids). SD1.5's tokenizer pads with EOS.
 ID_PROMPT_IDS = [BOS, 1125, 539, 320, 1014, 2533, EOS]
 EMPTY_PROMPT_IDS = [BOS, EOS]
 ID_TOKEN = 1014
 ID_TOKEN_POSITION = ID_PROMPT_IDS.index(ID_TOKEN)
+
+
+def check_template_ids(tokenize) -> None:
+    """Raise unless ``tokenize(text) -> ids`` (a CLIP tokenizer, special tokens added, no padding) gives the
+    hard-coded ids of the template and of the empty prompt: the encoder would otherwise write the identity into
+    another token's slot than the one Arc2Face was trained with."""
+    for text, expected in ((ID_PROMPT, ID_PROMPT_IDS), ("", EMPTY_PROMPT_IDS)):
+        got = [int(i) for i in tokenize(text)]
+        if got != expected:
+            raise ValueError(f"the tokenizer gives {got} for {text!r}, but the conditioning is built on {expected} "
+                             "(Arc2Face's template on SD1.5's CLIP tokenizer): the tokenizer files are not SD1.5's")
 
 
 def padded_ids(ids: list[int], length: int = SEQUENCE_LENGTH, pad: int = EOS) -> list[int]:
