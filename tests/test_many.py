@@ -1,5 +1,6 @@
-"""Forgetting many people: joint forget batches (every identity, each with its own anchor), the retain sets of joint
-and sequential jobs, and the pooled table of a job."""
+"""Forgetting many people: joint forget batches (every identity, each with its own anchor) and their budget, the
+retain sets of joint, sequential and replaying jobs, identity orders, merging single runs, the pooled table of a job
+and the strategies' intervals and paired comparisons over orders."""
 
 import copy
 
@@ -10,8 +11,11 @@ import torch
 
 from idunlearn.conditions import dirichlet_mixtures
 from idunlearn.config import ConfigError
-from idunlearn.experiment import unlearning_data
-from idunlearn.many import chosen_identities, forget_order, job_selections, job_table
+from idunlearn.evaluation.statistics import mean_ci
+from idunlearn.experiment import unlearn_selection, unlearning_data
+from idunlearn.many import (chosen_identities, forget_order, identity_orders, job_selections, job_table, joint_run,
+                            order_summary, replay_selections, step_run, strategy_comparisons, strategy_table)
+from idunlearn.models.export import merge_changes, merge_cross_attention
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.selection import select_experiments
 from idunlearn.unlearning import build_method
@@ -21,7 +25,7 @@ from idunlearn.unlearning.runner import unlearn
 
 from test_piu import RUN
 from test_selection import _cfg, _world
-from tiny_world import TINY, tiny_data, unit
+from tiny_world import TINY, tiny_data, tiny_generator, unit
 
 
 def joint_data(dim: int = 16) -> UnlearningData:
@@ -162,8 +166,9 @@ def test_job_table_pools_counts_over_identities_before_one_srk():
     after = pd.concat([_samples(1, 0, 4, 0.1), _samples(2, 1, 2, 0.7)], ignore_index=True)
     before = pd.concat([_samples(1, 4, 4, 0.8), _samples(2, 4, 4, 0.8)], ignore_index=True)
     timings = [{"seconds_this_session": 2.0, "steps": 5}, {"seconds_this_session": 3.0, "steps": 5}]
-    table = job_table("sequential", 2, [2, 1], after, before, timings, tau=0.5)
+    table = job_table("sequential/none", 0, 2, [2, 1], after, before, timings, tau=0.5)
     assert table["identity"].tolist() == [2, 1] and table["forgotten_at"].tolist() == [1, 2]
+    assert table[["strategy", "order", "size"]].drop_duplicates().values.tolist() == [["sequential/none", 0, 2]]
     assert table["ism_forget"].tolist() == pytest.approx([0.7, 0.1])
     # FA: verified = detected, cosine >= tau and nearest identity right: identity 2's one hit at 0.7, none for 1
     assert table["fa_forget"].tolist() == [0.25, 0.0] and table["fa_forget_before"].tolist() == [1.0, 1.0]
@@ -173,3 +178,170 @@ def test_job_table_pools_counts_over_identities_before_one_srk():
     # cost: this step's, and the chain's up to it
     assert table[["seconds", "seconds_total", "steps", "steps_total"]].drop_duplicates().values.tolist() == [
         [3.0, 5.0, 5, 10]]
+
+
+def test_group_weights_give_the_new_identity_its_batch_and_share_the_replay_among_the_earlier_ones():
+    rng = np.random.default_rng(0)
+    # step 4 of a replay chain: forget batch 8 for the new identity, replay batch 6 among the 3 earlier ones
+    assert group_counts(14, 4, rng, np.array([2.0, 2.0, 2.0, 8.0])).tolist() == [2, 2, 2, 8]
+    counts = [group_counts(15, 4, rng, np.array([7 / 3] * 3 + [8.0])) for _ in range(200)]
+    assert all(c[3] == 8 and c.sum() == 15 and sorted(c[:3].tolist()) == [2, 2, 3] for c in counts)
+    assert np.all(np.sum(counts, axis=0)[:3] > 0)  # the leftover row goes to each earlier identity in turn
+    with pytest.raises(ValueError, match="need 2 non-negative weights"):
+        group_counts(4, 2, rng, np.array([1.0, -1.0]))
+
+
+def test_joint_budget_grows_with_n_and_n_1_is_the_single_run():
+    run = {**RUN, "steps": 200, "forget_batch": 8}
+    grown = joint_run(run, 8, {"forget_batch": "per_identity", "steps": "shared"})
+    assert (grown["forget_batch"], grown["steps"]) == (64, 200) and joint_run(run, 8, {"steps": "per_identity"})[
+        "steps"] == 1600
+    assert joint_run(run, 1, {"forget_batch": "per_identity", "steps": "per_identity"}) == run
+    assert joint_run({"method": "uce"}, 4, {"forget_batch": "per_identity"}) == {"method": "uce"}  # closed form
+
+
+def test_step_settings_per_protection():
+    run = {**RUN, "forget_batch": 8}
+    assert step_run(run, "none", 5, 8) == (run, None) and step_run(run, "replay", 1, 8) == (run, None)
+    replay, weights = step_run(run, "replay", 5, 8)
+    assert replay == {**run, "forget_batch": 16} and weights.tolist() == [2.0, 2.0, 2.0, 2.0, 8.0]
+    eupmu, _ = step_run(run, "replay_eupmu", 3, 8)
+    assert eupmu["optimiser"] == "eupmu" and eupmu["forget_batch"] == 16
+    with pytest.raises(ConfigError, match="'consolidate' is unknown"):
+        step_run(run, "consolidate", 2, 8)
+
+
+def test_identity_orders_are_seeded_draws_after_the_chosen_one():
+    order = list(range(100, 130))
+    cfg = {"identities": None, "joint_sizes": [1, 8], "sequential_length": 8, "orders": 3}
+    orders = identity_orders(cfg, order, seed=3)
+    assert len(orders) == 3 and orders[0] == order[:8]
+    assert all(len(set(o)) == 8 and set(o) <= set(order) for o in orders) and orders[1] != orders[2]
+    assert identity_orders(cfg, order, seed=3) == orders  # seeded
+    assert identity_orders({**cfg, "orders": 4}, order, seed=3)[:3] == orders  # one more order keeps the others
+    assert identity_orders(cfg, order, seed=4)[1:] != orders[1:]
+
+
+def test_replay_steps_share_step_is_retain_set_and_steer_no_identity_toward_a_forgotten_one():
+    labels, centroids = _world()
+    cfg = _cfg(n_forget=1, anchor={"tau": 0.0, "tol": 0.05})  # on this world, one step's anchor is a later identity
+    ids = forget_order(centroids, cfg, seed=3)[:6]
+    chain = job_selections(labels, centroids, ids, "sequential", cfg, seed=3)
+    replay = replay_selections(labels, centroids, ids, cfg, seed=3)
+    assert [s["forget_identity"] for s in replay] == ids
+    for s, own in zip(replay, chain):
+        assert s["retain_train_identities"] == chain[-1]["retain_train_identities"]
+        assert s["anchor_identity"] not in ids and s["anchor_identity"] in s["retain_train_identities"]
+        if own["anchor_identity"] not in ids:  # an anchor still retained is kept
+            assert s["anchor_identity"] == own["anchor_identity"]
+    assert any(own["anchor_identity"] in ids for own in chain)  # the re-draw was exercised
+    assert replay[-1] == chain[-1]  # the step's own identity as its step drew it
+
+
+def _two_identity_world():
+    labels, centroids = _world()
+    cfg, faces = _cfg(n_forget=1), _faces(labels)
+    return labels, centroids, faces, cfg, forget_order(centroids, cfg, seed=3)
+
+
+def test_joint_n_1_is_the_single_run_bit_for_bit(tmp_path):
+    """The workflow takes the single job as joint N = 1 and as step 1 of every chain: the joint code path at N = 1
+    (joint selection of one identity, budget grown by N = 1, a list of one selection, no weights, own teacher) must
+    give the single run's weights exactly, not approximately (same batches, same float operations)."""
+    labels, centroids, faces, cfg, order = _two_identity_world()
+    run = joint_run({**RUN, "forget_batch": 2}, 1, {"forget_batch": "per_identity", "steps": "per_identity"})
+    single = select_experiments(labels, centroids, cfg, seed=3)[0].to_dict()
+    joint = job_selections(labels, centroids, order[:1], "joint", cfg, seed=3)
+    models = []
+    for name, selection in (("single", single), ("joint", joint)):
+        gen = tiny_generator()
+        unlearn_selection(gen, run, selection, faces, labels, centroids, None, {}, None, tmp_path / f"{name}.pt",
+                          seed=3 + order[0])
+        models.append(gen.unet.state_dict())
+    changed = [n for n, p in tiny_generator().unet.named_parameters() if not torch.equal(p, models[0][n])]
+    assert changed  # the run did change weights
+    for name in models[0]:
+        assert torch.equal(models[0][name], models[1][name]), name
+
+
+def _changed(unet, names, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return {n: p.detach() + 0.01 * torch.randn(p.shape, generator=gen) for n, p in unet.named_parameters()
+            if n in names}
+
+
+def test_merging_one_run_gives_that_run_and_merging_two_sums_their_changes():
+    unet = tiny_generator().unet
+    names = [n for n, _ in unet.named_parameters() if ".attn2." in n]
+    base = {n: p.detach().clone() for n, p in unet.named_parameters() if n in names}
+    one, two = _changed(unet, names, 1), _changed(unet, names, 2)
+    merged = merge_changes(base, [one])
+    assert all(torch.equal(merged[n], one[n]) for n in names)  # bit for bit, not within rounding
+    both = merge_changes(base, [one, two])
+    for n in names:
+        torch.testing.assert_close(both[n], one[n] + two[n] - base[n], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="other parameters than run 0"):
+        merge_changes(base, [one, {k: v for k, v in two.items() if k != names[0]}])
+
+
+def test_cross_attention_merge_fits_each_runs_projection_on_its_own_conditions():
+    gen = tiny_generator()
+    names = [n for n, _ in gen.unet.named_parameters() if ".attn2." in n]
+    base = {n: p.detach().clone() for n, p in gen.unet.named_parameters() if n in names}
+    runs = [_changed(gen.unet, names, 1), _changed(gen.unet, names, 2)]
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        conditions = [gen.conditions(torch.from_numpy(unit(rng.standard_normal((6, 16))))) for _ in runs]
+        preserve = gen.conditions(torch.from_numpy(unit(rng.standard_normal((6, 16)))))
+    merged = merge_cross_attention(base, runs, conditions, preserve, preserve_weight=1.0, lam=1e-4)
+    key = next(n for n in names if n.endswith("attn2.to_k.weight"))
+    rows = [c.reshape(-1, c.shape[-1]) for c in conditions]
+    summed = merge_changes(base, runs)[key]
+    for run, c in zip(runs, rows):  # closer to each run's keys on its own conditions than the plain sum is
+        assert (c @ merged[key].T - c @ run[key].T).norm() < (c @ summed.T - c @ run[key].T).norm()
+    query = next(n for n in names if n.endswith("attn2.to_q.weight"))
+    assert torch.equal(merged[query], merge_changes(base, runs)[query])  # not a projection: summed
+    far = merge_cross_attention(base, runs, conditions, preserve, 1.0, lam=1e6)
+    torch.testing.assert_close(far[key], base[key], rtol=0, atol=1e-4)  # a strong pull keeps the base
+
+
+def _summary_table() -> pd.DataFrame:
+    """Two strategies over three orders of two identities, with known FA, forget ISM and retain ratios."""
+    rows = []
+    for order, (fa_joint, ratio_joint, ratio_chain) in enumerate([(0.0, 0.96, 0.80), (0.2, 0.97, 0.85),
+                                                                 (0.05, 0.99, 0.90)]):
+        for strategy, fa, ratio in (("joint", fa_joint, ratio_joint), ("sequential/replay", 0.0, ratio_chain)):
+            for identity, ism in ((order * 10 + 1, 0.1), (order * 10 + 2, 0.2)):
+                rows.append({"strategy": strategy, "order": order, "size": 2, "identity": identity,
+                             "fa_forget": fa if identity % 10 == 1 else 0.0, "ism_forget": ism + fa,
+                             "ism_retain": ratio * 0.7, "ism_retain_before": 0.7, "srk_pooled": 50.0,
+                             "seconds_total": 100.0 * (1 + (strategy == "joint"))})
+            rows.append({**rows[-1], "size": 1})  # a smaller size is not summarised
+    return pd.DataFrame(rows)
+
+
+def test_strategy_intervals_over_orders_and_targets():
+    table = _summary_table()
+    summary = order_summary(table)
+    assert len(summary) == 6 and set(summary["size"]) == {2}
+    strategies = strategy_table(summary).set_index("strategy")
+    joint = strategies.loc["joint"]
+    mean, half = mean_ci([0.96, 0.97, 0.99])
+    assert joint["retain_ratio"] == pytest.approx(mean) and joint["retain_ratio_high"] == pytest.approx(mean + half)
+    assert joint["fa_max"] == pytest.approx(0.25 / 3) and joint["orders"] == 3
+    # the joint target (FA <= 0.1, retain >= 0.95) holds on orders 0 and 2; order 1's FA 0.2 misses it
+    assert joint["orders_meeting_joint_target"] == 2 and joint["retain_margin_joint"] == pytest.approx(mean - 0.95)
+    chain = strategies.loc["sequential/replay"]
+    assert chain["orders_meeting_sequential_target"] == 1 and chain["retain_margin_sequential"] < 0
+
+
+def test_paired_comparisons_pair_orders_and_identities():
+    table = _summary_table()
+    comparisons = strategy_comparisons(table, order_summary(table), seed=0).set_index(["unit", "metric"])
+    ratio = comparisons.loc[("order", "retain_ratio")]
+    assert (ratio["a"], ratio["b"], ratio["n"]) == ("joint", "sequential/replay", 3)
+    assert ratio["mean_diff"] == pytest.approx(np.mean([0.80 - 0.96, 0.85 - 0.97, 0.90 - 0.99]))
+    fa = comparisons.loc[("identity", "fa_forget")]
+    assert fa["n"] == 6 and fa["mean_diff"] == pytest.approx(-0.25 / 6)
+    assert comparisons.loc[("order", "seconds_total"), "mean_diff"] == pytest.approx(-100.0)
+    assert (comparisons["p_holm"].dropna() >= comparisons["p_wilcoxon"].dropna()).all()

@@ -1,19 +1,26 @@
-"""Forgetting many people (config ``many``): joint unlearning of N identities in one run, and a sequential chain
-theta_i = unlearn(theta_{i-1}, id_i), with what each costs the identities kept.
+"""Forgetting many people (config ``many``): N identities forgotten jointly in one run, one at a time in a chain
+theta_i = unlearn(theta_(i-1), id_i) with or without protection of what came before, or by merging N separately
+unlearned models; over several seeded identity orders, with what each costs the identities kept.
 
-Identities: ``many.identities``, or the first ones of the selection stage's forget order (PIU Section 4's draw; the
-order ``selection.n_forget`` takes a prefix of, so identity 1 is the study's first forget identity).
+Identities: ``many.orders`` draws of ``needed`` identities. Order 0 is ``many.identities``, or the first ones of the
+selection stage's forget order (PIU Section 4's draw, so identity 1 is the study's first forget identity); order k >= 1
+is a seeded draw among every eligible forget identity (stream (seed, 21, k)).
+
+Single runs. Every identity of every order has its ordinary single-identity job (the selection stage's experiment):
+joint N = 1 and step 1 of every chain are that job, and the merges merge those jobs' changes.
 
 Retain sets. Joint N: the retain-train identities leave out all N forgotten ones, and each identity's anchor (PIU
 eq. 6) is drawn among those. Sequential step i: the retain-train identities leave out identities 1..i (never the
-later ones), so that step i depends on identities 1..i only and changing identity 5 reruns steps 5-8 alone.
-Retain ISM is always measured on the retain-validation identities, which are never forget identities.
-With one identity both are the ordinary experiment of the selection stage: joint N = 1 and sequential step 1 are
-the ``unlearn`` job of the same run and identity.
+later ones), so that step i depends on identities 1..i only and changing identity 5 reruns steps 5-8 alone. With
+protection ``replay``, step i also replays identities 1..i-1 (their forget conditions steered to their own anchors, an
+anchor forgotten since re-drawn among step i's retain-train identities), and every target, the retain targets
+included, is the original model's, not step i-1's: the chain does not drift from what it protects. Retain ISM is
+always measured on the retain-validation identities, which are never forget identities.
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import matplotlib
@@ -22,14 +29,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
 from .audit.verification import verified  # noqa: E402
+from .conditions import dirichlet_mixtures  # noqa: E402
 from .config import ConfigError  # noqa: E402
-from .evaluation.statistics import pooled_srk, sample_counts  # noqa: E402
+from .evaluation.statistics import holm, mean_ci, mean_difference, pooled_srk, sample_counts  # noqa: E402
+from .faces.analyser import ok_embeddings  # noqa: E402
+from .identities import centroid_lookup  # noqa: E402
 from .io import save_figure  # noqa: E402
-from .selection import experiment_selections, forget_identity_order, retain_identity_split  # noqa: E402
+from .selection import anchor_for_tau, experiment_selections, forget_identity_order, retain_identity_split  # noqa: E402
 
 MODES = ("joint", "sequential")
+PROTECTIONS = ("none", "replay", "replay_eupmu")
+MERGES = ("sum", "cross_attention")
+_ORDERS = 21  # the order draws' stream, apart from selection.py's (1-4) and the request's (11)
+# the issue's targets at the largest N / after the chain: every identity's FA at most this, retain ISM at least
+# this share of the original model's on the same samples
+FA_TARGET = 0.1
+RETAIN_TARGETS = {"joint": 0.95, "sequential": 0.9}
 
 
 def forget_order(centroids: pd.DataFrame, selection_cfg: dict, seed: int) -> list[int]:
@@ -42,13 +60,13 @@ def forget_order(centroids: pd.DataFrame, selection_cfg: dict, seed: int) -> lis
 
 
 def needed(cfg: dict) -> int:
-    """How many identities the ``many`` section uses: the largest joint size or the chain's length."""
+    """How many identities an order holds: the largest joint size or the chain's length."""
     return max([*cfg["joint_sizes"], cfg["sequential_length"]])
 
 
 def chosen_identities(cfg: dict, order: list[int]) -> list[int]:
-    """The ``many`` section's identities in order: ``identities`` (checked: distinct eligible forget identities,
-    enough of them) or the first ``needed(cfg)`` of ``order``."""
+    """Order 0: ``identities`` (checked: distinct eligible forget identities, enough of them) or the first
+    ``needed(cfg)`` of ``order``."""
     n = needed(cfg)
     if cfg["identities"] is None:
         if n > len(order):
@@ -64,6 +82,46 @@ def chosen_identities(cfg: dict, order: list[int]) -> list[int]:
         raise ConfigError(f"config key 'many.identities': {unknown} are not eligible forget identities (retain-train "
                           f"side, at least selection.min_forget_images images); eligible: {sorted(order)}")
     return ids[:n]
+
+
+def identity_orders(cfg: dict, order: list[int], seed: int) -> list[list[int]]:
+    """The ``cfg['orders']`` identity orders: ``chosen_identities`` first, then seeded draws of ``needed(cfg)``
+    identities among the eligible ``order`` (each draw from its own stream, so adding an order keeps the others)."""
+    first = chosen_identities(cfg, order)
+    draws = [[int(i) for i in np.random.default_rng([seed, _ORDERS, k]).choice(order, size=len(first), replace=False)]
+             for k in range(1, cfg["orders"])]
+    return [first, *draws]
+
+
+def evaluated_steps(cfg: dict) -> list[int]:
+    """The chain steps evaluated: every joint size up to the chain's length, and its last step."""
+    return sorted({n for n in cfg["joint_sizes"] if n <= cfg["sequential_length"]} | {cfg["sequential_length"]})
+
+
+def joint_run(run: dict, n: int, budget: dict) -> dict:
+    """The settings of a joint job of ``n`` identities: the run's, with each key of ``budget`` (``forget_batch``,
+    ``steps``) that is ``per_identity`` multiplied by n (``per_identity`` forget batch: every identity gets the single
+    run's forget batch in every batch); ``shared`` keeps the single run's. N = 1 is the single run."""
+    out = dict(run)
+    for key, mode in budget.items():
+        if mode == "per_identity" and key in out:  # a closed-form method has neither
+            out[key] = run[key] * n
+    return out
+
+
+def step_run(run: dict, protection: str, step: int, replay_batch: int) -> tuple[dict, np.ndarray | None]:
+    """The settings of chain step ``step`` under ``protection`` and its forget identities' batch weights (identities
+    1..step in order; None: the step unlearns its own identity alone). ``replay``: the forget batch is the run's for
+    the new identity plus ``replay_batch`` conditions shared among the earlier ones; ``replay_eupmu`` also takes the
+    EUPMU optimiser (its settings the run's)."""
+    if protection not in PROTECTIONS:
+        raise ConfigError(f"config key 'many.sequential_protections': {protection!r} is unknown; use {PROTECTIONS}")
+    if protection == "none" or step == 1:
+        return dict(run), None
+    out = {**run, "forget_batch": run["forget_batch"] + replay_batch}
+    if protection == "replay_eupmu":
+        out["optimiser"] = "eupmu"
+    return out, np.array([replay_batch / (step - 1)] * (step - 1) + [run["forget_batch"]], np.float64)
 
 
 def job_selections(labels: pd.DataFrame, centroids: pd.DataFrame, identities: list[int], mode: str,
@@ -87,6 +145,43 @@ def job_selections(labels: pd.DataFrame, centroids: pd.DataFrame, identities: li
     return [selections([identity], identities[:j + 1])[0] for j, identity in enumerate(identities)]
 
 
+def replay_selections(labels: pd.DataFrame, centroids: pd.DataFrame, identities: list[int], selection_cfg: dict,
+                      seed: int) -> list[dict]:
+    """Step len(identities) of a chain with replay: every identity 1..i as its own step drew it, all with step i's
+    retain-train identities (without 1..i); an anchor that has been forgotten since is re-drawn among them (same tau,
+    tolerance and stream), so that no replayed identity is steered toward a forgotten one."""
+    chain = job_selections(labels, centroids, identities, "sequential", selection_cfg, seed)
+    current = chain[-1]["retain_train_identities"]
+    out = []
+    for selection in chain:
+        selection = {**selection, "retain_train_identities": current}
+        if selection["anchor_identity"] in identities:
+            selection.update(anchor_for_tau(selection, centroids, selection["tau"]))
+        out.append(selection)
+    return out
+
+
+def merge_conditions(generator, selections: list[dict], faces: pd.DataFrame, centroids: pd.DataFrame,
+                     n_mixtures: int, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """What the closed-form merge fits (``models.export.merge_cross_attention``): per merged identity the
+    conditions of its forget-train embeddings and ``n_mixtures`` Dirichlet mixtures of them (PIU Section 3.4, seeded
+    per identity), and the conditions of the retain-train centroids of none of them (the preserved identities)."""
+    emb, cents = ok_embeddings(faces), centroid_lookup(centroids)
+    merged = {s["forget_identity"] for s in selections}
+    kept = sorted(set(selections[0]["retain_train_identities"]) - merged)
+
+    def encode(rows: np.ndarray) -> torch.Tensor:
+        with torch.no_grad():
+            return generator.conditions(torch.as_tensor(np.asarray(rows, np.float32))).float().cpu()
+
+    forget = []
+    for s in selections:
+        own = np.stack(emb.loc[s["forget_train_images"]].to_numpy()).astype(np.float32)
+        rng = np.random.default_rng([seed, _ORDERS, s["forget_identity"]])
+        forget.append(encode(np.concatenate([own, dirichlet_mixtures(own, n_mixtures, rng)])))
+    return forget, encode(np.stack([cents[j] for j in kept]))
+
+
 def identity_rows(samples: pd.DataFrame, tau: float) -> pd.DataFrame:
     """Per forget identity (``forget_identity`` column of the scored evaluation samples): forget ISM (PIU eq. 7),
     Acc_U (eq. 8) and FA, the share of forget samples verified as the identity at the audit's threshold ``tau``."""
@@ -108,20 +203,21 @@ def pooled_rows(samples: pd.DataFrame) -> dict:
             "acc_retain_pooled": counts["retain_hits"] / counts["retain_n"], "srk_pooled": float(pooled_srk(counts))}
 
 
-def job_table(mode: str, size: int, identities: list[int], after: pd.DataFrame, before: pd.DataFrame,
-              timings: list[dict], tau: float) -> pd.DataFrame:
-    """The rows of one joint job (``size`` N) or sequential step (``size`` i): per forgotten identity its forget ISM,
-    Acc_U and FA before and after, beside the job's pooled retain ISM, Acc_U, Acc_R and SRK before and after (the
-    original model on the same identities' conditions and noise) and its cost: seconds and steps of this job
-    (``timings[-1]``) and of all jobs up to it (``timings``: the chain's steps up to i; one entry for a joint job).
+def job_table(strategy: str, order: int, size: int, identities: list[int], after: pd.DataFrame,
+              before: pd.DataFrame, timings: list[dict], tau: float) -> pd.DataFrame:
+    """The rows of one job of ``strategy`` on identity order ``order``: a joint job or merge (``size`` N) or chain
+    step (``size`` i): per forgotten identity its forget ISM, Acc_U and FA before and after, beside the job's pooled
+    retain ISM, Acc_U, Acc_R and SRK before and after (the original model on the same identities' conditions and
+    noise) and its cost: seconds and steps of this job (``timings[-1]``) and of every job it took (``timings``: the
+    chain's steps up to i, or the merged single runs and the merge; one entry for a joint job).
     ``before``: the original model's evaluation samples of at least these identities."""
     before = before[before["forget_identity"].isin(identities)]
     rows = identity_rows(after, tau).merge(identity_rows(before, tau), on="identity", suffixes=("", "_before"))
     rows = rows.set_index("identity").loc[identities].reset_index()
     pooled, pooled_before = pooled_rows(after), pooled_rows(before)
-    rows.insert(0, "mode", mode)
-    rows.insert(1, "size", size)
-    rows.insert(3, "forgotten_at", range(1, len(identities) + 1))
+    for position, (key, value) in enumerate({"strategy": strategy, "order": order, "size": size}.items()):
+        rows.insert(position, key, value)
+    rows.insert(4, "forgotten_at", range(1, len(identities) + 1))
     for key, value in pooled.items():
         rows[key], rows[f"{key}_before"] = value, pooled_before[key]
     rows["seconds"], rows["steps"] = timings[-1]["seconds_this_session"], timings[-1]["steps"]
@@ -130,42 +226,82 @@ def job_table(mode: str, size: int, identities: list[int], after: pd.DataFrame, 
     return rows
 
 
-def plot_sequential(table: pd.DataFrame, path: str | Path) -> None:
-    """Forget ISM of every identity forgotten so far and the retain ISM (with the original model's on the same
-    samples) against the chain's step: does earlier forgetting persist, and what does the chain cost the identities
-    kept."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for identity, part in table.groupby("identity", sort=False):
-        part = part.sort_values("size")
-        ax.plot(part["size"], part["ism_forget"], marker="o", lw=1, label=f"forget {identity}")
-    retain = table.drop_duplicates("size").sort_values("size")
-    ax.plot(retain["size"], retain["ism_retain"], color="k", lw=2.5, marker="s", label="retain (validation ids)")
-    # the retain samples pool the evaluation sets of identities 1..i, so the original model's value moves with i
-    ax.plot(retain["size"], retain["ism_retain_before"], color="k", ls=":", lw=1, label="retain, original model")
-    ax.set_xlabel("step i (identities forgotten so far)")
-    ax.set_ylabel("ISM")
-    ax.set_xticks(retain["size"])
-    ax.legend(fontsize=7, ncol=2)
-    save_figure(fig, path)
-    plt.close(fig)
+def order_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (strategy, order) at the strategy's largest size: the worst FA of its identities, their mean
+    forget ISM, the pooled retain ISM as a share of the original model's on the same samples, SRK and cost."""
+    last = table[table["size"] == table.groupby("strategy")["size"].transform("max")]
+    out = last.groupby(["strategy", "order"], sort=False).agg(
+        size=("size", "first"), fa_max=("fa_forget", "max"), ism_forget_mean=("ism_forget", "mean"),
+        ism_retain=("ism_retain", "first"), ism_retain_before=("ism_retain_before", "first"),
+        srk_pooled=("srk_pooled", "first"), seconds_total=("seconds_total", "first")).reset_index()
+    out["retain_ratio"] = out["ism_retain"] / out["ism_retain_before"]
+    return out
 
 
-def plot_joint(table: pd.DataFrame, path: str | Path) -> None:
-    """Per joint size N: every forgotten identity's forget ISM (points) and their mean, the pooled retain ISM, and
-    both before unlearning."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.scatter(table["size"], table["ism_forget"], s=14, color="#c44e52", alpha=0.6, label="forget ISM per identity")
-    per_n = table.groupby("size").agg(ism_forget=("ism_forget", "mean"), ism_forget_before=("ism_forget_before",
-                                      "mean"), ism_retain=("ism_retain", "first"),
-                                      ism_retain_before=("ism_retain_before", "first")).sort_index()
-    ax.plot(per_n.index, per_n["ism_forget"], color="#c44e52", marker="o", label="forget ISM (mean)")
-    ax.plot(per_n.index, per_n["ism_forget_before"], color="#c44e52", ls=":", label="forget ISM before")
-    ax.plot(per_n.index, per_n["ism_retain"], color="k", lw=2.5, marker="s", label="retain ISM")
-    ax.plot(per_n.index, per_n["ism_retain_before"], color="k", ls=":", label="retain ISM before")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(per_n.index, [str(n) for n in per_n.index])
-    ax.set_xlabel("identities unlearned jointly (N)")
-    ax.set_ylabel("ISM")
-    ax.legend(fontsize=7)
+SUMMARY_METRICS = ("fa_max", "ism_forget_mean", "retain_ratio", "srk_pooled", "seconds_total")
+
+
+def strategy_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per strategy: each ``SUMMARY_METRICS`` mean over the orders with its Student-t 95% interval (orders as the
+    unit: each order is one draw of identities), and against each target (``FA_TARGET``, ``RETAIN_TARGETS``) the
+    orders that meet it and by how much the mean misses or clears it (negative: missed)."""
+    rows = []
+    for strategy, part in summary.groupby("strategy", sort=False):
+        row = {"strategy": strategy, "size": int(part["size"].iloc[0]), "orders": len(part)}
+        for metric in SUMMARY_METRICS:
+            mean, half = mean_ci(part[metric])
+            row.update({metric: mean, f"{metric}_low": mean - half, f"{metric}_high": mean + half})
+        row["fa_margin"] = FA_TARGET - row["fa_max"]
+        for target, bar in RETAIN_TARGETS.items():
+            meets = (part["fa_max"] <= FA_TARGET) & (part["retain_ratio"] >= bar)
+            row[f"orders_meeting_{target}_target"] = int(meets.sum())
+            row[f"retain_margin_{target}"] = row["retain_ratio"] - bar
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def strategy_comparisons(table: pd.DataFrame, summary: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """Paired comparisons of every two strategies (b - a) at their largest size: per order (retain ratio, worst FA,
+    mean forget ISM, seconds; the unit the orders) and per (order, identity) (forget ISM and FA of the same identity
+    in the same order), each a mean difference with bootstrap and Student-t intervals and a two-sided Wilcoxon
+    signed-rank p (``statistics.mean_difference``), Holm-corrected within each metric's family of pairs."""
+    last = table[table["size"] == table.groupby("strategy")["size"].transform("max")]
+    per_order = summary.set_index(["strategy", "order"]).sort_index()
+    per_identity = last.set_index(["strategy", "order", "identity"]).sort_index()
+    rows = []
+    for a, b in itertools.combinations(summary["strategy"].unique(), 2):
+        for unit, frame, metrics in (("order", per_order, ("retain_ratio", "fa_max", "ism_forget_mean",
+                                                           "seconds_total")),
+                                     ("identity", per_identity, ("ism_forget", "fa_forget"))):
+            for metric in metrics:
+                diff = (frame.loc[b, metric] - frame.loc[a, metric]).dropna()
+                rows.append({"a": a, "b": b, "unit": unit, "metric": metric,
+                             **mean_difference(diff, seed)})
+    out = pd.DataFrame(rows)
+    out["p_holm"] = out.groupby(["unit", "metric"])["p_wilcoxon"].transform(holm)
+    return out
+
+
+def plot_sizes(table: pd.DataFrame, path: str | Path, xlabel: str) -> None:
+    """Per strategy against the size (N, or the chain's step): the mean forget ISM of the identities forgotten so
+    far and the pooled retain ISM as a share of the original model's, each averaged over the orders (bars: their
+    range)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for strategy, part in table.groupby("strategy", sort=False):
+        per_order = part.groupby(["size", "order"]).agg(forget=("ism_forget", "mean"), retain=("ism_retain", "first"),
+                                                        before=("ism_retain_before", "first"))
+        per_order["ratio"] = per_order["retain"] / per_order["before"]
+        for ax, column in ((left, "forget"), (right, "ratio")):
+            stats = per_order.groupby("size")[column].agg(["mean", "min", "max"])
+            ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                        marker="o", capsize=3, label=strategy)
+    left.set_ylabel("forget ISM (mean of the forgotten identities)")
+    right.set_ylabel("retain ISM / original model's")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        sizes = sorted(table["size"].unique())
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.set_xlabel(xlabel)
+        ax.legend(fontsize=7)
     save_figure(fig, path)
     plt.close(fig)

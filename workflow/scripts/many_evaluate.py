@@ -13,6 +13,7 @@ with stage_log(snakemake.log[0], "many_evaluate") as log:
     torch.set_num_threads(snakemake.threads)
     i, p, out = snakemake.input, snakemake.params, snakemake.output
     cfg, selections = p.evaluation, read_json(i.selections)
+    selections = [selections] if isinstance(selections, dict) else selections  # a single job: its one selection
     manifest, faces = pd.read_parquet(i.manifest), pd.read_parquet(i.faces)
     labels, centroids = pd.read_parquet(i.labels), pd.read_parquet(i.centroids)
     generator = load_generator(p.generator, p.device, changed=i.changed)

@@ -160,3 +160,64 @@ def install_unet(generator, source: str | Path):
                          f"{differ}; an Arc2Face-compatible UNet takes the generator's latents and conditions")
     generator.unet = unet.to(generator.device)
     return generator
+
+
+def _changes(base: dict[str, torch.Tensor], changed: list[dict[str, torch.Tensor]]) -> list[str]:
+    """The parameter names every run in ``changed`` holds (the same set in each; all in ``base``)."""
+    if not changed:
+        raise ValueError("merging needs at least one run's changed parameters")
+    names = sorted(changed[0])
+    for index, run in enumerate(changed):
+        if sorted(run) != names:
+            raise ValueError(f"run {index} of the merge changed other parameters than run 0 (e.g. "
+                             f"{sorted(set(run) ^ set(names))[:3]}): merge runs of one regime")
+    missing = [n for n in names if n not in base]
+    if missing:
+        raise ValueError(f"the base lacks parameters the runs changed (e.g. {missing[:3]}): wrong base model?")
+    return names
+
+
+def merge_changes(base: dict[str, torch.Tensor], changed: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The sum of N runs' changes on one base (task arithmetic, Ilharco et al. 2023: theta = theta_0 + sum_j
+    (theta_j - theta_0)), per parameter the runs changed. Added in float64 and rounded once to the base's dtype, so
+    that one run's parameters come back bit for bit (their float64 difference to a float32 base is exact)."""
+    out = {}
+    for name in _changes(base, changed):
+        start = base[name].detach().to(torch.float64)
+        total = start + sum(run[name].detach().to(torch.float64) - start for run in changed)
+        out[name] = total.to(base[name].dtype)
+    return out
+
+
+def is_condition_projection(name: str) -> bool:
+    """A cross-attention key or value weight: the only parameters that act on the identity condition alone."""
+    return ".attn2.to_k." in name or ".attn2.to_v." in name
+
+
+def merge_cross_attention(base: dict[str, torch.Tensor], changed: list[dict[str, torch.Tensor]],
+                          conditions: list[torch.Tensor], preserve: torch.Tensor, preserve_weight: float,
+                          lam: float) -> dict[str, torch.Tensor]:
+    """A closed-form merge in the spirit of UCE (its objective and solution as PIU appendix C.2 eqs. 34-35 restate
+    them, with the runs' own projections as the targets): every cross-attention key and value weight W solves
+    min sum_j ||W C_j - W_j C_j||^2 / n_j + a ||W C_p - W_0 C_p||^2 / n_p + lam ||W - W_0||^2, i.e.
+    W = (sum_j W_j G_j + a W_0 G_p + lam W_0)(sum_j G_j + a G_p + lam I)^-1 with G = C^T C / n: on run j's own
+    conditions (``conditions[j]``, rows of condition tokens) the merged projection
+    gives what run j's does, on the ``preserve`` rows what the base's does. Every other changed parameter (queries,
+    outputs, anything that sees the image features) is the sum of changes (``merge_changes``)."""
+    if len(conditions) != len(changed):
+        raise ValueError(f"{len(changed)} runs but {len(conditions)} condition sets: one set per run")
+    out = merge_changes(base, changed)
+
+    def gram(rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.detach().reshape(-1, rows.shape[-1]).to(torch.float64)
+        return rows.T @ rows / len(rows)
+
+    grams, kept = [gram(c) for c in conditions], gram(preserve)
+    for name in (n for n in out if is_condition_projection(n) and base[n].ndim == 2):
+        w0 = base[name].detach().to(torch.float64)
+        eye = torch.eye(w0.shape[1], dtype=torch.float64)
+        lhs = sum(grams) + preserve_weight * kept + lam * eye
+        rhs = sum(run[name].detach().to(torch.float64) @ g for run, g in zip(changed, grams))
+        rhs = rhs + preserve_weight * w0 @ kept + lam * w0
+        out[name] = torch.linalg.solve(lhs, rhs.T).T.to(base[name].dtype)  # lhs is symmetric: W = rhs lhs^-1
+    return out

@@ -32,6 +32,9 @@ class UnlearningData:
     retain_centroids: np.ndarray | None = None  # (k, D) centroids of the retain-train identities except the anchor(s)
     forget_groups: np.ndarray | None = None  # joint: (n_f,) index g < N of the forget identity of each forget_train row
     anchor_centroids: np.ndarray | None = None  # joint: (N, D) row g the anchor centroid of forget identity g
+    # joint: (N,) relative share of the forget batch of each identity (None: equal shares); a sequential step with
+    # replay gives its new identity the run's forget batch and the earlier ones the replay batch between them
+    group_weights: np.ndarray | None = None
     forget_latents: torch.Tensor | None = None  # (n_f, *latent_shape) the forget-train images
     retain_latents: torch.Tensor | None = None  # (n_r, *latent_shape) the retain-train images
     anchor_latents: torch.Tensor | None = None  # (n_a, *latent_shape) the anchor identity's images
