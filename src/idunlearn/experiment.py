@@ -98,17 +98,20 @@ def unlearning_data(selection: dict | list[dict], faces: pd.DataFrame, labels: p
 
 def unlearn_selection(generator: IdentityGenerator, run: dict, selection: dict | list[dict], faces: pd.DataFrame,
                       labels: pd.DataFrame, centroids: pd.DataFrame, manifest: pd.DataFrame, faces_cfg: dict,
-                      models_dir, state_path, seed: int) -> tuple[pd.DataFrame, dict]:
+                      models_dir, state_path, seed: int, teacher: torch.nn.Module | None = None,
+                      group_weights: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
     """Unlearn the experiment ``selection`` (a list: jointly) from ``generator`` in place with the run settings
     ``run``, gathering what its method needs (real images as latents, a differentiable recognizer; its ``needs``).
-    Returns ``runner.unlearn``'s (loss log, timings)."""
+    ``teacher`` and ``group_weights`` (the forget identities' shares of the batch): ``runner.unlearn`` and
+    ``UnlearningData``. Returns ``runner.unlearn``'s (loss log, timings)."""
     method = build_method(run["method"], run)
     needs = getattr(method, "needs", ())  # real images as latents (SISS, WID), a differentiable recognizer (WID)
     data = unlearning_data(selection, faces, labels, centroids,
                            latents_of=(manifest, generator) if "latents" in needs else None,
                            recognizer=differentiable_recognizer(faces_cfg, models_dir).to(generator.device)
                            if "recognizer" in needs else None)
-    return unlearn(generator, method, data, run, state_path, seed)
+    data.group_weights = group_weights
+    return unlearn(generator, method, data, run, state_path, seed, teacher)
 
 
 def real_pixels(generator: IdentityGenerator, manifest: pd.DataFrame, faces: pd.DataFrame,

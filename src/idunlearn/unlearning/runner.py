@@ -24,9 +24,12 @@ log = logging.getLogger(__name__)
 
 
 def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormMethod, data: UnlearningData,
-            cfg: dict, state_path: str | Path, seed: int) -> tuple[pd.DataFrame, dict]:
+            cfg: dict, state_path: str | Path, seed: int, teacher: torch.nn.Module | None = None
+            ) -> tuple[pd.DataFrame, dict]:
     """Run ``cfg['steps']`` optimisation steps of ``method`` on ``generator`` (in place), or its one closed-form
     edit (a ClosedFormMethod: no optimiser, no resume state, one loss-log row, ``steps`` 1).
+    ``teacher``: the frozen UNet whose predictions are the targets; None = a copy of ``generator``'s at the start (a
+    sequential step with replay passes the original model's, so that the chain's targets do not drift).
 
     cfg: steps, regime, surgical_blocks, checkpoint_every, the optimiser's keys, and optionally precision ("fp32",
     the default, or "bf16": models/precision.py). Returns (loss log, timings).
@@ -43,7 +46,7 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     if isinstance(method, ClosedFormMethod):
         return _edit(generator, method, data, trainable, rng)
-    teacher = copy.deepcopy(generator.unet).eval().requires_grad_(False)
+    teacher = (copy.deepcopy(generator.unet) if teacher is None else teacher).eval().requires_grad_(False)
     optimiser = build_optimiser(list(trainable.values()), cfg)
     rows, step, state_path = [], 0, Path(state_path)
     method.start(seed)
