@@ -225,7 +225,18 @@ REQUEST = config["request"]
 
 
 def request_active():
-    return REQUEST["folder"] is not None
+    return REQUEST["folder"] is not None or bool(REQUEST["people"])
+
+
+def request_people():
+    """Each person of the request -> their folder, keyed by the prefix of their files under request_dir: '' for a
+    one-person request (request.folder), '<person>/' for each of request.people."""
+    if REQUEST["folder"] is not None and REQUEST["people"]:
+        raise ValueError("config keys 'request.folder' and 'request.people' are both set: a request names one "
+                         "person's folder or several people's, not both")
+    if REQUEST["folder"] is not None:
+        return {"": REQUEST["folder"]}
+    return {f"{person}/": folder for person, folder in REQUEST["people"].items()}
 
 
 def request_dir(*parts):
@@ -254,4 +265,5 @@ def request_probes():
 
 
 def request_outputs():
-    return [request_dir("report.md"), request_dir("report.rst"), request_dir("export", "manifest.json")]
+    return [*(request_dir(f"{person}report{ext}") for person in request_people() for ext in (".md", ".rst")),
+            request_dir("export", "manifest.json")]

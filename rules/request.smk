@@ -2,7 +2,17 @@
 # photos (the identity stage's DBSCAN rule), in or out of the training data, anchor (eq. 6), unlearning with the run
 # `request.run`, the original and the unlearned model evaluated and lightly audited on the request, the exported
 # model, and the one-page report results/request/<name>/report.md (also on the HTML report's landing page).
-# Active when request.folder is set; its outputs are then the default target.
+# Active when request.folder (one person) or request.people (several: one joint run, one exported model, a report
+# each) is set; its outputs are then the default target. Wildcard `person` is the prefix of a person's files under
+# results/request/<name>/: '' for a one-person request (its files sit there directly), '<person>/' for each person.
+
+wildcard_constraints:
+    person=r"(|[A-Za-z0-9_.-]+/)",
+
+
+def request_person_files(name, *parts):
+    """One file of every person of the request, in request.people's order."""
+    return [request_dir(f"{person}{name}", *parts) for person in request_people()]
 
 # the demo folder of config/request.yaml, built from ORL when request.folder names it
 rule demo_request_folder:
@@ -22,37 +32,41 @@ rule demo_request_folder:
 
 rule request_photos:
     input:
-        folder=REQUEST["folder"] or [],
+        folder=lambda wc: request_people()[wc.person],
         models=face_models_dir(),
     output:
-        photos=request_dir("photos.parquet"),
+        photos=request_dir("{person}photos.parquet"),
     params:
         faces=config["faces"],
+        person=lambda wc: wc.person,
     threads: 2
     log:
-        logs("request/photos"),
+        logs("request/{person}photos"),
     conda:
         "../environment.yml"
     script:
         "../workflow/scripts/request_photos.py"
 
 
+# every person's photos together: the people share one retain split, and two folders of one person stop the request
 rule request_selection:
     input:
-        photos=rules.request_photos.output.photos,
+        photos=lambda wc: request_person_files("photos.parquet"),
         centroids=rules.cluster_identities.output.centroids,
     output:
-        photos=request_dir("requester.parquet"),
-        status=request_dir("photos.csv"),
-        selection=request_dir("selection.json"),
+        photos=request_dir("{person}requester.parquet"),
+        status=request_dir("{person}photos.csv"),
+        selection=request_dir("{person}selection.json"),
     params:
+        people=lambda wc: list(request_people()),
+        person=lambda wc: wc.person,
         request=REQUEST,
         selection=config["selection"],
         identities=config["identities"],
         anchor_tau=lambda wc: request_run()["anchor_tau"],
         seed=config["seed"],
     log:
-        logs("request/selection"),
+        logs("request/{person}selection"),
     conda:
         "../environment.yml"
     script:
@@ -61,8 +75,8 @@ rule request_selection:
 
 rule request_unlearn:
     input:
-        selection=rules.request_selection.output.selection,
-        photos=rules.request_selection.output.photos,
+        selection=lambda wc: request_person_files("selection.json"),
+        photos=lambda wc: request_person_files("requester.parquet"),
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
         labels=rules.cluster_identities.output.labels,
@@ -94,10 +108,12 @@ rule request_unlearn:
         "../workflow/scripts/request_unlearn.py"
 
 
+# one person on the model (the world holds every person of the request: a joint model forgot them all)
 rule request_assess_original:
     input:
-        selection=rules.request_selection.output.selection,
-        photos=rules.request_selection.output.photos,
+        own=rules.request_selection.output.selection,
+        selection=lambda wc: request_person_files("selection.json"),
+        photos=lambda wc: request_person_files("requester.parquet"),
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
         labels=rules.cluster_identities.output.labels,
@@ -107,9 +123,9 @@ rule request_assess_original:
         quality=quality_model(),
         verification=rules.calibrate_verification.output[0],
     output:
-        samples=request_dir("before", "samples.parquet"),
-        metrics=request_dir("before", "metrics.json"),
-        rows=request_dir("before", "audit_rows.parquet"),
+        samples=request_dir("{person}before", "samples.parquet"),
+        metrics=request_dir("{person}before", "metrics.json"),
+        rows=request_dir("{person}before", "audit_rows.parquet"),
     params:
         evaluation=evaluation_settings(),
         probes=lambda wc: request_probes(),
@@ -122,7 +138,7 @@ rule request_assess_original:
         gpu=1,
         mem_mb=8000,
     log:
-        logs("request/assess_original"),
+        logs("request/{person}assess_original"),
     conda:
         "../environment.yml"
     script:
@@ -133,8 +149,9 @@ use rule request_assess_original as request_assess_unlearned with:
     input:
         changed=rules.request_unlearn.output.changed,
         before=rules.request_assess_original.output.samples,
-        selection=rules.request_selection.output.selection,
-        photos=rules.request_selection.output.photos,
+        own=rules.request_selection.output.selection,
+        selection=lambda wc: request_person_files("selection.json"),
+        photos=lambda wc: request_person_files("requester.parquet"),
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
         labels=rules.cluster_identities.output.labels,
@@ -144,17 +161,17 @@ use rule request_assess_original as request_assess_unlearned with:
         quality=quality_model(),
         verification=rules.calibrate_verification.output[0],
     output:
-        samples=request_dir("after", "samples.parquet"),
-        metrics=request_dir("after", "metrics.json"),
-        rows=request_dir("after", "audit_rows.parquet"),
+        samples=request_dir("{person}after", "samples.parquet"),
+        metrics=request_dir("{person}after", "metrics.json"),
+        rows=request_dir("{person}after", "audit_rows.parquet"),
     log:
-        logs("request/assess_unlearned"),
+        logs("request/{person}assess_unlearned"),
 
 
 rule request_export:
     input:
         changed=rules.request_unlearn.output.changed,
-        selection=rules.request_selection.output.selection,
+        selection=lambda wc: request_person_files("selection.json"),
         generator=generator_files(),
     output:
         unet=unet_folder_files(request_dir("export", "unet")),
@@ -162,6 +179,7 @@ rule request_export:
         manifest=request_dir("export", "manifest.json"),
     params:
         name=REQUEST["name"],
+        people=lambda wc: [person.rstrip("/") for person in request_people()],
         run_name=REQUEST["run"],
         generator=config["generator"],
     threads: 1
@@ -186,15 +204,15 @@ rule request_report:
         verification=rules.calibrate_verification.output[0],
         manifest=rules.request_export.output.manifest,
     output:
-        markdown=report(request_dir("report.md"), category="Forget request"),
-        rst=request_dir("report.rst"),
+        markdown=report(request_dir("{person}report.md"), category="Forget request"),
+        rst=request_dir("{person}report.rst"),
     params:
-        name=REQUEST["name"],
-        folder=REQUEST["folder"],
+        name=lambda wc: REQUEST["name"] + (f" ({wc.person.rstrip('/')})" if wc.person else ""),
+        folder=lambda wc: request_people()[wc.person],
         run_name=REQUEST["run"],
         run=lambda wc: request_run(),
     log:
-        logs("request/report"),
+        logs("request/{person}report"),
     conda:
         "../environment.yml"
     script:

@@ -1,5 +1,5 @@
 """Forget requests (idunlearn.request): the requester rule over a folder's photos, in or out of the training data,
-the request's tables for the study's unlearning code, and the report. The workflow end to end: test_pipeline.py."""
+the request's tables for the study's unlearning code, requests for several people, and the report. The workflow end to end: test_pipeline.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from idunlearn.identities import identity_centroids
 from idunlearn.request.demo import write_demo_folder
 from idunlearn.request.photos import RequestError, embed_photos, find_requester, status_table
 from idunlearn.request.report import request_report, to_markdown, to_rst
-from idunlearn.request.selection import request_selection, request_world
+from idunlearn.request.selection import request_selection, request_selections, request_world, request_worlds
 
 EPS, MIN_SAMPLES = 0.35, 2
 
@@ -183,3 +183,53 @@ def test_demo_folder_holds_the_person_someone_else_a_broken_jpeg_and_a_flat_pict
     assert np.ptp(load_rgb(tmp_path / "demo" / "no_face.png")) == 0
     with pytest.raises(ImageLoadError):
         load_rgb(tmp_path / "demo" / "broken.jpg")
+
+
+def test_a_folder_of_a_request_for_several_people_that_holds_two_people_is_rejected_naming_the_files():
+    photos = _photos(_people([5, 1]))
+    # alone, the stray photo is dropped; in a request for several people it sends the folder back
+    assert find_requester(photos, EPS, MIN_SAMPLES, min_photos=3)["used"].sum() == 5
+    with pytest.raises(RequestError, match="holds 2 people") as err:
+        find_requester(photos, EPS, MIN_SAMPLES, min_photos=3, one_person=True)
+    message = str(err.value)
+    assert "p1_0.png: ok (person 2 of 2, not the requester)" in message
+    assert all(f"p0_{k}.png: ok (the requester)" in message for k in range(5))
+    assert find_requester(_photos(_people([4])), EPS, MIN_SAMPLES, 3, one_person=True)["used"].all()
+
+
+def _named(photos: pd.DataFrame, person: str) -> pd.DataFrame:
+    return photos.assign(image_id=person + "/" + photos["image_id"])
+
+
+def test_several_people_share_one_retain_split_without_any_of_them_and_one_person_is_the_plain_request():
+    centres, manifest, faces, labels, centroids = _dataset()
+    cfg = validate_config({"selection": {"anchor": {"tau": 0.2, "tol": 0.1}}})["selection"]
+    alice, bob = _named(_requester(centres[4]), "alice"), _named(_requester(centres[7], seed=5), "bob")
+    outsider = _named(_requester(np.eye(16)[3] * 10, seed=6), "carol")  # in no dataset identity
+    selections = request_selections({"alice": alice, "bob": bob, "carol": outsider}, centroids, cfg, EPS, seed=3)
+    assert [s["forget_identity"] for s in selections] == [4, 7, 12]
+    assert [s["in_training_data"] for s in selections] == [True, True, False]
+    pool = set(selections[0]["retain_train_identities"]) | set(selections[0]["retain_val_identities"])
+    assert pool == set(range(12)) - {4, 7}
+    for s in selections:
+        assert s["retain_train_identities"] == selections[0]["retain_train_identities"]
+        assert s["anchor_identity"] in _anchor_by_hand(s, centroids)
+    assert selections[1]["forget_train_images"] == [f"request_bob/me_{k}.png" for k in range(5)]
+    # the first person's draws are a one-person request's, and one person is exactly that request
+    alone = request_selection(alice, centroids, cfg, EPS, seed=3)
+    assert request_selections({"alice": alice}, centroids, cfg, EPS, seed=3) == [alone]
+    assert alone["anchor_identity"] == selections[0]["anchor_identity"]
+    world = request_worlds(selections, [alice, bob, outsider], manifest, faces, labels, centroids)
+    assert sorted(world.centroids["identity"]) == sorted(pool | {4, 7, 12})
+    data = unlearning_data(selections, world.faces, world.labels, world.centroids)
+    assert data.forget_groups.tolist() == [0] * 5 + [1] * 5 + [2] * 5
+
+
+def test_two_folders_of_one_person_stop_the_request_naming_both():
+    centres, _, _, _, centroids = _dataset()
+    cfg = validate_config({})["selection"]
+    people = {"alice": _named(_requester(centres[4]), "alice"), "again": _named(_requester(centres[4], seed=9),
+                                                                                  "again")}
+    with pytest.raises(RequestError, match="folders of 'alice' and 'again' show the same person") as err:
+        request_selections(people, centroids, cfg, EPS, seed=3)
+    assert "dataset identities both match: [4]" in str(err.value)

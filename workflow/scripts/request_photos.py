@@ -10,5 +10,7 @@ with stage_log(snakemake.log[0], "request_photos") as log:
     faces = snakemake.params.faces
     photos = embed_photos(snakemake.input.folder, build_face_analyser(faces, snakemake.input.models),
                           faces["batch_size"])
+    # a person of a request for several people: their files named '<person>/<file>', unique across the folders
+    photos["image_id"] = snakemake.params.person + photos["image_id"]
     log.info("status counts: %s", photos["status"].value_counts().to_dict())
     write_parquet(photos, snakemake.output.photos)

@@ -23,10 +23,11 @@ from .selection import RequestWorld
 LIGHT_PROBES = ("leak", "photo", "neighbourhood")  # the audit's generation probes; no fine-tuning, no attack
 
 
-def unlearn_request(generator: IdentityGenerator, selection: dict, world: RequestWorld, run: dict, state_path,
-                    seed: int, recognizer: Callable[[], torch.nn.Module]) -> tuple[pd.DataFrame, dict]:
-    """Unlearn the request with ``run`` (a run config) in place, like an unlearning job of the study;
-    ``recognizer`` makes the differentiable recognizer for methods that need one. Returns (loss log, timings)."""
+def unlearn_request(generator: IdentityGenerator, selection: dict | list[dict], world: RequestWorld, run: dict,
+                    state_path, seed: int, recognizer: Callable[[], torch.nn.Module]) -> tuple[pd.DataFrame, dict]:
+    """Unlearn the request with ``run`` (a run config) in place, like an unlearning job of the study (a request for
+    several people: their selections, unlearned jointly as the many stage's joint jobs are); ``recognizer`` makes the
+    differentiable recognizer for methods that need one. Returns (loss log, timings)."""
     method = build_method(run["method"], run)
     needs = getattr(method, "needs", ())
     data = unlearning_data(selection, world.faces, world.labels, world.centroids,

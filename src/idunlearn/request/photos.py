@@ -40,9 +40,12 @@ def embed_photos(folder: str | Path, analyser: FaceAnalyser, batch_size: int = 3
     return manifest[["image_id", "path", "sha256"]].merge(faces, on="image_id", validate="one_to_one")
 
 
-def find_requester(photos: pd.DataFrame, eps: float, min_samples: int, min_photos: int) -> pd.DataFrame:
+def find_requester(photos: pd.DataFrame, eps: float, min_samples: int, min_photos: int,
+                   one_person: bool = False) -> pd.DataFrame:
     """``photos`` (``embed_photos``) with ``used`` (the photo is the requester's) and ``reason`` (why a photo is not
-    used): the module docstring's rule. Raises RequestError when no requester can be found."""
+    used): the module docstring's rule. Raises RequestError when no requester can be found, and with ``one_person``
+    (a folder of a request for several people) also when any usable photo is not the requester's: a photo of
+    someone else there may be another requester's, so the folder is sent back rather than served."""
     out = photos.copy()
     usable = (out["status"] == FaceStatus.OK.value).to_numpy()
     out["used"] = False
@@ -65,6 +68,14 @@ def find_requester(photos: pd.DataFrame, eps: float, min_samples: int, min_photo
                                       "photos and more than half of them"))
     rows = out.index[np.flatnonzero(usable)]
     mine = labels == largest
+    if one_person and not mine.all():
+        for label in np.unique(labels):
+            out.loc[rows[labels == label], "reason"] = ("the requester" if label == largest else
+                                                        f"person {label + 1} of {len(sizes)}, not the requester")
+        raise RequestError(_stop(out, f"this folder of a request for several people holds {len(sizes)} people by "
+                                      f"the identity stage's rule (DBSCAN, identities.eps {eps}): the requester in "
+                                      f"{int(mine.sum())} photos and {int((~mine).sum())} photo(s) of someone else; "
+                                      "each person's folder must hold that person alone"))
     out.loc[rows[mine], "used"] = True
     out.loc[rows[~mine], "reason"] = (f"not the same person as the other {int(mine.sum())} photos "
                                       f"(identity stage's DBSCAN rule, identities.eps {eps})")

@@ -14,6 +14,7 @@ request has no photos to hold out: all of them are to be forgotten).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ import pandas as pd
 
 from ..identities import centroid_matrix, identity_centroids
 from ..selection import retain_identity_split, select_anchor
+from .photos import RequestError
 
 REQUEST_PREFIX = "request_"  # request photos' image ids in the joined tables, apart from the dataset's
 _REQUEST_ANCHOR = 11  # the anchor draw's stream, apart from selection.py's streams
@@ -36,29 +38,58 @@ def request_selection(photos: pd.DataFrame, centroids: pd.DataFrame, selection_c
     """The request's experiment in the shape of a study selection (``selection.Selection`` fields), plus
     ``in_training_data``, ``matched_identities`` (identity -> cosine), ``nearest_identity``, ``nearest_cosine`` and
     the request ``centroid``. ``photos``: ``photos.find_requester``; ``anchor_tau``: the run's own tau, if any."""
-    used = photos[photos["used"]]
-    emb = np.stack(used["embedding"].to_numpy()).astype(np.float64)
-    centroid = np.asarray(identity_centroids(emb, np.zeros(len(emb), int))["centroid"][0], np.float64)
-    ids = centroids["identity"].to_numpy().astype(int)
-    cosines = centroid_matrix(centroids) @ centroid
-    matched = cosines >= 1.0 - eps  # within the DBSCAN radius (cosine distance <= eps)
-    nearest = int(np.argmax(cosines))
-    forget = int(ids[nearest]) if matched.any() else int(ids.max()) + 1
-    retain_train, retain_val = retain_identity_split(ids[~matched], selection_cfg["retain_train_fraction"], seed)
+    return request_selections({"": photos}, centroids, selection_cfg, eps, seed, anchor_tau)[0]
+
+
+def request_selections(people: dict[str, pd.DataFrame], centroids: pd.DataFrame, selection_cfg: dict, eps: float,
+                       seed: int, anchor_tau: float | None = None) -> list[dict]:
+    """``request_selection`` of each person of a request (name -> ``photos.find_requester`` table; the photos'
+    image ids unique across people), in order. They share one retain identity split, which leaves out every
+    person's matched identities, so no requester is retained or an anchor; each person's anchor is drawn from its own
+    stream (the first person's is a one-person request's). Two people who are one person by the identity stage's
+    rule (their request centroids, or a dataset identity both match) stop the request naming both."""
+    matrix, ids = centroid_matrix(centroids), centroids["identity"].to_numpy().astype(int)
+    names = list(people)
+    request_centroids = []
+    for name in names:
+        used = people[name][people[name]["used"]]
+        emb = np.stack(used["embedding"].to_numpy()).astype(np.float64)
+        request_centroids.append(np.asarray(identity_centroids(emb, np.zeros(len(emb), int))["centroid"][0],
+                                            np.float64))
+    cosines = [matrix @ c for c in request_centroids]
+    matched = [c >= 1.0 - eps for c in cosines]  # within the DBSCAN radius (cosine distance <= eps)
+    for (a, ca, ma), (b, cb, mb) in itertools.combinations(zip(names, request_centroids, matched), 2):
+        shared = ids[ma & mb]
+        if float(ca @ cb) >= 1.0 - eps or len(shared):
+            raise RequestError(f"forget request: the folders of {a!r} and {b!r} show the same person by the "
+                               f"identity stage's rule (request centroids at cosine {float(ca @ cb):.3f}, at least "
+                               f"{1.0 - eps:.2f} is one person; dataset identities both match: {shared.tolist()}); "
+                               "put each person's photos in one folder")
+    out_of_data = iter(range(int(ids.max()) + 1, int(ids.max()) + 1 + len(names)))
+    anyone = np.any(matched, axis=0)
+    retain_train, retain_val = retain_identity_split(ids[~anyone], selection_cfg["retain_train_fraction"], seed)
     tau, tol = anchor_tau if anchor_tau is not None else selection_cfg["anchor"]["tau"], selection_cfg["anchor"]["tol"]
-    lookup = dict(zip(ids, centroid_matrix(centroids)))
-    anchor, cosine, fallback, band = select_anchor(centroid, retain_train, np.stack([lookup[j] for j in retain_train]),
-                                                   tau, tol, np.random.default_rng([seed, _REQUEST_ANCHOR]))
-    images = request_image_ids(photos)
-    return {"forget_identity": forget, "forget_train_images": images, "forget_val_images": images,
+    lookup = dict(zip(ids, matrix))
+    selections = []
+    for k, (name, centroid, cos, mine) in enumerate(zip(names, request_centroids, cosines, matched)):
+        nearest = int(np.argmax(cos))
+        forget = int(ids[nearest]) if mine.any() else next(out_of_data)
+        stream = [seed, _REQUEST_ANCHOR] + ([k] if k else [])
+        anchor, cosine, fallback, band = select_anchor(centroid, retain_train,
+                                                       np.stack([lookup[j] for j in retain_train]), tau, tol,
+                                                       np.random.default_rng(stream))
+        images = request_image_ids(people[name])
+        selections.append({
+            "forget_identity": forget, "forget_train_images": images, "forget_val_images": images,
             "anchor_identity": anchor, "anchor_cosine": cosine, "anchor_fallback": fallback,
             "anchor_band_size": band, "tau": tau, "tol": tol, "seed": seed,
             "retain_train_identities": [int(j) for j in retain_train],
             "retain_val_identities": [int(j) for j in retain_val],
-            "in_training_data": bool(matched.any()),
-            "matched_identities": {str(int(i)): float(c) for i, c in zip(ids[matched], cosines[matched])},
-            "nearest_identity": int(ids[nearest]), "nearest_cosine": float(cosines[nearest]),
-            "match_min_cosine": 1.0 - eps, "centroid": centroid.astype(np.float32).tolist()}
+            "in_training_data": bool(mine.any()),
+            "matched_identities": {str(int(i)): float(c) for i, c in zip(ids[mine], cos[mine])},
+            "nearest_identity": int(ids[nearest]), "nearest_cosine": float(cos[nearest]),
+            "match_min_cosine": 1.0 - eps, "centroid": centroid.astype(np.float32).tolist()})
+    return selections
 
 
 @dataclass
@@ -88,3 +119,12 @@ def request_world(selection: dict, photos: pd.DataFrame, manifest: pd.DataFrame,
                          ignore_index=True),
         centroids=pd.concat([centroids[~centroids["identity"].isin(matched)], request_centroid], ignore_index=True),
     )
+
+
+def request_worlds(selections: list[dict], people: list[pd.DataFrame], manifest: pd.DataFrame, faces: pd.DataFrame,
+                   labels: pd.DataFrame, centroids: pd.DataFrame) -> RequestWorld:
+    """``request_world`` with every person of a request joined in, one after another (``request_selections``)."""
+    world = RequestWorld(manifest, faces, labels, centroids)
+    for selection, photos in zip(selections, people, strict=True):
+        world = request_world(selection, photos, world.manifest, world.faces, world.labels, world.centroids)
+    return world
