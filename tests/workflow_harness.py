@@ -19,13 +19,17 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 CORES = ["--cores", "2", "--max-threads", "1"]
 
 
-def prepare_workdir(workdir: Path, overrides: dict | None = None, base: str = "config.yaml") -> Path:
-    """A work folder with data/assets linked to the cached registry assets and a config file; returns its path."""
-    assets = workdir / "data" / "assets"
+def copy_assets(assets: Path) -> None:
+    """The cached registry assets, copied into the folder a config's data_dir/assets names."""
     assets.mkdir(parents=True, exist_ok=True)
     for f in ASSET_CACHE.glob("*"):
         if f.is_file() and not (assets / f.name).exists():
             shutil.copyfile(f, assets / f.name)
+
+
+def prepare_workdir(workdir: Path, overrides: dict | None = None, base: str = "config.yaml") -> Path:
+    """A work folder with data/assets linked to the cached registry assets and a config file; returns its path."""
+    copy_assets(workdir / "data" / "assets")
     cfg = yaml.safe_load((REPO / "config" / base).read_text())
     cfg.update({"data_dir": str(workdir / "data"), "results_dir": str(workdir / "results")})
     for key, value in (overrides or {}).items():
@@ -36,11 +40,12 @@ def prepare_workdir(workdir: Path, overrides: dict | None = None, base: str = "c
     return path
 
 
-def snakemake(workdir: Path, *args: str, configfile: Path | None = None, check: bool = True,
+def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None, check: bool = True,
               timeout: int = 1200) -> subprocess.CompletedProcess:
-    # --configfile takes several values: it goes last, after the targets
+    # --configfile takes several values (merged in order): it goes last, after the targets
+    files = configfile if isinstance(configfile, list) else [configfile or workdir / "config" / "config.yaml"]
     cmd = [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *CORES, *args,
-           "--configfile", str(configfile or workdir / "config" / "config.yaml")]
+           "--configfile", *map(str, files)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
     if check and proc.returncode != 0:

@@ -1,11 +1,9 @@
-import os
-
 import pandas as pd
 import torch
 
+from idunlearn.experiment import load_generator
 from idunlearn.io import write_csv, write_parquet
 from idunlearn.layer_analysis import analysis_samples, layer_separation, plot_layer_separation
-from idunlearn.models.mini import load_mini_generator
 from idunlearn.runlog import stage_log
 
 with stage_log(snakemake.log[0], "layer_analysis") as log:
@@ -14,7 +12,7 @@ with stage_log(snakemake.log[0], "layer_analysis") as log:
     embeddings, identities = analysis_samples(
         pd.read_parquet(snakemake.input.embeddings), pd.read_parquet(snakemake.input.labels),
         cfg["n_identities"], cfg["images_per_identity"], cfg["seed"])
-    generator = load_mini_generator(os.path.dirname(snakemake.input.model))
+    generator = load_generator(snakemake.params.generator, snakemake.params.device)
     table = layer_separation(generator, embeddings, identities, tuple(cfg["timesteps"]), cfg["seed"])
     log.info("\n%s", table.to_string(index=False))
     write_parquet(table, out.table)
