@@ -357,3 +357,21 @@ def test_onnxruntime_runs_on_the_gpu_when_the_job_has_one(monkeypatch, tmp_path,
         (tmp_path / name).write_bytes(b"")
     InsightFaceAnalyser.from_dir(tmp_path)
     assert seen == [expected, expected]
+
+
+def test_the_paper_config_detects_as_the_piu_reimplementation(monkeypatch):
+    import yaml
+
+    from conftest import REPO
+    from idunlearn.config import load_config
+    from idunlearn.faces import build_face_analyser
+
+    paper = load_config(REPO / "config" / "config.yaml", yaml.safe_load((REPO / "config" / "celebahq.yaml").read_text()))
+    # edgarcancinoe/piu-unlearning, src/piu_unlearning/models/arcface.py: DET_SIZE (256, 256), DET_THRESH 0.2,
+    # centre-weighted choice, for the dataset and for scoring (one analyser serves both here)
+    seen = {}
+    monkeypatch.setattr(InsightFaceAnalyser, "from_dir", classmethod(lambda cls, models_dir, **kwargs: seen.update(kwargs)))
+    build_face_analyser(paper["faces"], "models")
+    assert (seen["det_size"], seen["det_thresh"], seen["face_choice"]) == ((256, 256), 0.2, "centre_weighted")
+    defaults = load_config(REPO / "config" / "config.yaml")["faces"]["insightface"]  # Arc2Face's README: 640, 0.5
+    assert (defaults["det_size"], defaults["det_thresh"], defaults["face_choice"]) == ([640, 640], 0.5, "largest")

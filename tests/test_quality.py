@@ -84,3 +84,16 @@ def test_run_metrics_quality_is_the_mean_over_detected_samples():
     assert out["quality_forget"] == pytest.approx(0.9)  # the undetected sample has no quality
     assert out["quality_retain"] == pytest.approx(0.7)
     assert out["ism_forget"] == pytest.approx(0.25) and out["acc_retain"] == pytest.approx(0.5)
+
+
+def test_the_paper_config_names_the_published_ediffiqa_file():
+    import yaml
+    from pathlib import Path
+
+    from conftest import REPO
+    from idunlearn.evaluation.quality import EDIFFIQA_ONNX
+
+    paper = yaml.safe_load((REPO / "config" / "celebahq.yaml").read_text())
+    # the OpenCV zoo's file (opencv_zoo models/face_image_quality_assessment_ediffiqa/ediffiqa_tiny_jun2024.onnx)
+    assert EDIFFIQA_ONNX == "ediffiqa_tiny_jun2024.onnx"
+    assert Path(paper["evaluation"]["quality"]["ediffiqa_onnx"]).name == EDIFFIQA_ONNX
