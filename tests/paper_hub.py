@@ -36,7 +36,7 @@ from idunlearn.faces.align import ARCFACE_TEMPLATE_112, align_face
 from idunlearn.faces.insightface_backend import (ARC2FACE_REPO, ARC2FACE_REVISION, DETECTOR_FILE, DETECTOR_REPO,
                                                  DETECTOR_REVISION, RECOGNIZER_FILE)
 from idunlearn.models.arc2face import SD15_DOWN_BLOCKS, SD15_REPO, SD15_REVISION, SD15_SCHEDULER_FILE, SD15_UP_BLOCKS
-from idunlearn.models.conditioning import BOS, EOS, EMPTY_PROMPT_IDS, ID_PROMPT, ID_PROMPT_IDS, SEQUENCE_LENGTH
+from idunlearn.models.conditioning import BOS, EOS, ID_PROMPT, ID_PROMPT_IDS, SEQUENCE_LENGTH
 
 from tiny_onnx import pooled_linear_onnx
 
@@ -378,7 +378,6 @@ def write_clip_tokenizer(folder: Path, word_ids: dict[str, int] | None = None) -
                 vocab[pieces[0]] = word_ids[word] if len(pieces) == 1 else spare
                 spare += 1
     vocab.update({"<|startoftext|>": BOS, "<|endoftext|>": EOS})
-    assert EMPTY_PROMPT_IDS == [BOS, EOS]
     folder.mkdir(parents=True)
     _write_json(folder / "vocab.json", vocab)
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
