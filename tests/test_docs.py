@@ -128,8 +128,8 @@ def _table(text: str, start: str) -> pd.DataFrame:
     """The Markdown table of the generated block whose marker starts with ``start``."""
     body = next(m["body"] for m in BLOCK.finditer(text) if f"generated:{m['name']}".startswith(start)
                 or f"generated:{m['name']}:{m['argument']}" == start)
-    rows = [line.strip("|").split(" | ") for line in body.splitlines() if line.startswith("|")]
-    return pd.DataFrame(rows[2:], columns=[c.strip() for c in rows[0]])
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in body.splitlines() if line.startswith("|")]
+    return pd.DataFrame(rows[2:], columns=rows[0])
 
 
 @pytest.mark.e2e

@@ -95,7 +95,7 @@ def render_headline(results: Path, argument: str | None) -> str:
     rows = [[title, *(interval(*cells.loc[(metric, phase), ["mean", "ci_low", "ci_high"]])
                       for phase in ("before", "after"))]
             for metric, title in HEADLINE_ROWS.items() if (metric, "after") in cells.index]
-    return (f"Run `{run}`, {n} forget identities; mean (95% identity-bootstrap interval).\n\n"
+    return (f"Run `{run}`, {n} forget identit{'y' if n == 1 else 'ies'}; mean (95% identity-bootstrap interval).\n\n"
             + markdown_table(["", "before unlearning", f"after `{run}`"], rows))
 
 
