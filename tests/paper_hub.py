@@ -52,6 +52,7 @@ class PaperHub:
     hf_home: Path  # HF_HOME; the cache is hf_home / "hub" (HF_HUB_CACHE)
     rows: int  # images in the dataset's train split
     identities: int  # people with more than one image
+    singletons: int  # people with one image
     ediffiqa: Path  # the eDifFIQA stand-in, under its published file name
 
     @property
@@ -99,7 +100,7 @@ def build_paper_hub(root: Path, orl_wheel: Path, dataset: dict, people: int = 10
     ediffiqa.parent.mkdir(parents=True, exist_ok=True)
     fixed_batch_quality_onnx(ediffiqa)
     shutil.rmtree(staging)
-    return PaperHub(cache.parent, len(canvases), people, ediffiqa)
+    return PaperHub(cache.parent, len(canvases), people, singletons, ediffiqa)
 
 
 class _Repo:
@@ -149,13 +150,14 @@ def dataset_images(orl_wheel: Path, people: int, shots: int, singletons: int, se
             canvas[y0:y0 + FACE, x0:x0 + FACE] = np.asarray(face)[..., None]
             canvases.append(canvas)
             labels.append(person)
-            crops.append(align_face(canvas, template_landmarks([x0, y0, x0 + FACE, y0 + FACE])))
+            crops.append(align_face(canvas, face_landmarks([x0, y0, x0 + FACE, y0 + FACE])))
     return canvases, np.array(labels), np.stack(crops)
 
 
-def template_landmarks(box) -> np.ndarray:
-    """The ArcFace template's five points fitted into the square ``box`` (x1, y1, x2, y2)."""
-    return np.array(box[:2], float) + ARCFACE_TEMPLATE_112 / 112.0 * (box[2] - box[0])
+def face_landmarks(box) -> np.ndarray:
+    """The ArcFace template's five points fitted into ``box`` (x1, y1, x2, y2)."""
+    x1, y1, x2, y2 = box
+    return np.array([x1, y1], float) + ARCFACE_TEMPLATE_112 / 112.0 * np.array([x2 - x1, y2 - y1])
 
 
 def write_shards(folder: Path, split: str, canvases: list[np.ndarray], seed: int) -> None:

@@ -20,13 +20,8 @@ from idunlearn.faces.insightface_backend import (
     download_paper_face_models,
 )
 
+from paper_hub import face_landmarks
 from tiny_onnx import pooled_linear_onnx
-
-
-def face_landmarks(box):
-    """ArcFace template landmarks fitted into ``box`` (x1, y1, x2, y2)."""
-    x1, y1, x2, y2 = box
-    return np.array([x1, y1]) + ARCFACE_TEMPLATE_112 / 112.0 * np.array([x2 - x1, y2 - y1])
 
 
 class StubDetector:
