@@ -26,7 +26,7 @@ rule aggregate:
         summary_rst=results("tables", "summary.rst"),
         costs=report(results("tables", "costs.csv"), category="Tables"),
     params:
-        runs={name: run_config(config, name) for name in run_names()},
+        runs=run_names(),  # the names alone: each job's settings come from its timings
         external={name: entry["unet"] for name, entry in external_models().items()},
         seed=config["seed"],
     log:

@@ -4,7 +4,8 @@ import os
 
 import pandas as pd
 
-from idunlearn.config import controllable_runs, epsilon_boundary_runs, run_config, tuned_base, validate_config
+from idunlearn.config import (controllable_runs, epsilon_boundary_runs, job_run_settings, job_settings, run_config,
+                              tuned_base, validate_config)
 from idunlearn.models.export import unet_folder_files, unet_source_files
 from idunlearn.tuning import tuning_settings
 
@@ -244,7 +245,8 @@ def request_dir(*parts):
 
 
 def request_run():
-    """The run named by request.run, checked: a run whose settings come from other jobs cannot serve a request."""
+    """The settings its jobs read of the run named by request.run (``job_settings``), checked: a run whose settings
+    come from other jobs cannot serve a request."""
     name = REQUEST["run"]
     if name not in run_names():
         raise ValueError(f"config key 'request.run': {name!r} is not in unlearning.runs {run_names()}")
@@ -252,7 +254,7 @@ def request_run():
     if run["epsilon_fraction"] is not None or tuned_base(name):
         raise ValueError(f"config key 'request.run': {name!r} takes its settings from other jobs (a Phase II or "
                          "tuned run); name a run with its own settings, e.g. piu")
-    return run
+    return job_settings(run)
 
 
 def request_probes():

@@ -17,7 +17,8 @@ rule unlearn:
         losses=results("unlearning", "{run}", "{identity}", "losses.parquet"),
         timings=results("unlearning", "{run}", "{identity}", "timings.json"),
     params:
-        run=lambda wc: run_config(config, wc.run),
+        # only the settings the run's method and optimiser read (schema x-reads): others never rerun it
+        run=lambda wc: job_run_settings(config, wc.run),
         generator=config["generator"],
         faces=config["faces"],
         device=config["unlearning"]["device"],

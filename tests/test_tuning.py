@@ -19,7 +19,7 @@ RULE, SUCCESS = {"retain_ratio_min": 0.95}, {"forget_ratio_max": 0.5, "retain_ra
 def _config(methods, **tuning):
     return validate_config({
         "unlearning": {"runs": {"piu": {"steps": 200, "n_identities": 2},
-                                "siss": {"method": "siss", "steps": 60, "lr": 5.0e-6},
+                                "siss": {"method": "siss", "optimiser": "siss_scaled", "steps": 60, "lr": 5.0e-6},
                                 "uce": {"method": "uce", "regime": "all_cross_attention"}}},
         "tuning": {"methods": methods, **tuning}})
 
@@ -38,10 +38,10 @@ def test_every_training_method_gets_the_same_budget_and_uce_none():
                               "uce.tune.uce_lambda_0.7"]
     for name in ("piu.tune.lr_0.0003", "siss.tune.siss_beta_0.1"):
         run = settings[name]["run"]
-        assert (run["steps"], run["forget_batch"], run["retain_batch"], run["n_identities"]) == (100, 8, 8, None)
+        assert (run["steps"], run["forget_batch"], run["retain_batch"]) == (100, 8, 8)
     assert settings["piu.tune.lr_0.0003"]["run"]["lr"] == 3e-4
     assert settings["siss.tune.siss_beta_0.1"]["run"]["lr"] == 5e-6  # the paper-setting run's other settings stay
-    assert settings["uce.tune.uce_lambda_0.7"]["run"]["steps"] == 400  # closed form: the budget does not apply
+    assert "steps" not in settings["uce.tune.uce_lambda_0.7"]["run"]  # closed form: no steps, no budget
 
 
 def test_a_setting_over_the_budget_or_an_unknown_knob_or_run_is_a_clear_error():
@@ -154,7 +154,7 @@ def test_tuned_runs_exist_beside_the_paper_runs_and_take_the_chosen_settings():
     choices = {"piu": {"setting": "piu.tune.lr_0.0003", "point": {"lr": 3e-4}, "reason": "r", "qualified": True,
                        "any_forgets": True}}
     record = json.loads(json.dumps(choice_record(choices, settings, RULE, [4])))
-    tuned = tuned_settings(run_config(config, "piu.tuned"), record, "piu.tuned")
-    assert tuned["lr"] == 3e-4 and tuned["steps"] == 100 and tuned["n_identities"] == 2
+    tuned = tuned_settings(record, "piu.tuned")
+    assert tuned["lr"] == 3e-4 and tuned["steps"] == 100
     with pytest.raises(ConfigError, match="no method 'siss'"):
-        tuned_settings(run_config(config, "piu.tuned"), record, "siss.tuned")
+        tuned_settings(record, "siss.tuned")

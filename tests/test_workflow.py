@@ -1,11 +1,16 @@
 """The workflow through Snakemake: lint, dry runs of both configs (also with the SLURM profile), and the identity
-stages end to end on the offline world, including cached reruns and adding one forget identity."""
+stages end to end on the offline world, including cached reruns, adding one forget identity, and a cached unlearning
+job that an upgrade adding a setting it does not read leaves alone."""
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
+import yaml
 
+import idunlearn
 from conftest import REPO
 from badfiles import write_bad_files
 from workflow_harness import jobs_run, prepare_workdir, snakemake
@@ -77,3 +82,39 @@ def test_bad_files_go_through_extract_embeddings(tmp_path):
     table = pd.read_parquet(tmp_path / "results" / "faces" / "embeddings.parquet")
     got = dict(zip(table["image_id"], table["status"]))
     assert {k: got[k] for k in expected} == {k: next(iter(v)) for k, v in expected.items()}
+
+
+def upgraded_package(folder, setting: str, reader: str):
+    """A copy of the idunlearn package whose schema adds the run setting ``setting`` (default 1.0) read by the
+    method ``reader``, as a user upgrading gets it; returns the folder to put first on PYTHONPATH."""
+    target = folder / "idunlearn"
+    shutil.copytree(idunlearn.__path__[0], target, ignore=shutil.ignore_patterns("__pycache__"))
+    schema_path = target / "schema" / "config.schema.yaml"
+    schema = yaml.safe_load(schema_path.read_text())
+    defaults = schema["properties"]["unlearning"]["properties"]["defaults"]
+    defaults["properties"][setting] = {"type": "number", "default": 1.0}
+    defaults["x-reads"]["methods"][reader].setdefault("reads", []).append(setting)
+    schema_path.write_text(yaml.safe_dump(schema, sort_keys=False))
+    return folder
+
+
+def test_a_setting_only_piu_robust_reads_leaves_the_cached_piu_job_alone(identity_run, tmp_path, monkeypatch):
+    workdir, cfg, _ = identity_run
+    quick = {**yaml.safe_load(cfg.read_text()),  # the identity stages as they stand (an earlier test may add one)
+             "generator": {"backend": "mini", "mini": {"checkpoint": str(REPO / "data" / "shipped" / "mini-arc2face")}},
+             "unlearning": {"runs": {"piu": {"steps": 2, "forget_batch": 2, "retain_batch": 2}}}}
+    cache_cfg = workdir / "config" / "cache.yaml"
+    cache_cfg.write_text(yaml.safe_dump(quick))
+    forget = int(pd.read_parquet(workdir / "results" / "selection" / "selections.parquet")["forget_identity"][0])
+    target = str(workdir / "results" / "unlearning" / "piu" / str(forget) / "timings.json")
+    snakemake(workdir, target, configfile=cache_cfg)
+
+    def dry_run_after_upgrade(reader: str) -> list:
+        monkeypatch.setenv("PYTHONPATH", str(upgraded_package(tmp_path / reader, "new_setting", reader)))
+        proc = snakemake(workdir, "--dry-run", target, configfile=cache_cfg)
+        monkeypatch.delenv("PYTHONPATH")
+        return jobs_run(proc)
+
+    assert dry_run_after_upgrade("piu_robust") == []
+    # the control: the same setting read by piu reruns the piu job, so the dry run above could have listed it
+    assert [rule for rule, wildcards in dry_run_after_upgrade("piu") if "run=piu" in wildcards] == ["unlearn"]

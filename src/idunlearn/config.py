@@ -152,7 +152,12 @@ def sweep_runs(config: dict) -> dict[str, list[tuple[Any, str, str, str]]]:
         if key not in unlearning["defaults"]:
             raise ConfigError(f"config key 'unlearning.sweeps.{sweep}.key': {key!r} is not a run setting; "
                               f"known: {sorted(unlearning['defaults'])}")
-        current = {**unlearning["defaults"], **unlearning["runs"][base]}[key]
+        settings = {**unlearning["defaults"], **unlearning["runs"][base]}
+        if key not in settings_read(settings["method"], settings["optimiser"]):
+            raise ConfigError(f"config key 'unlearning.sweeps.{sweep}.key': run {base!r} (method "
+                              f"{settings['method']!r}, optimiser {settings['optimiser']!r}) does not read {key!r}; "
+                              "its points would be one job under several names")
+        current = settings[key]
         if key == "anchor_tau" and current is None:  # null: the selection stage's tau
             current = config["selection"]["anchor"]["tau"]
         out[sweep] = [(value, base if value == current else f"{base}.{key}_{value}", key, base)
@@ -206,6 +211,106 @@ def run_config(config: dict, name: str) -> dict:
         raise ConfigError(f"config key 'unlearning.runs.{name}': unknown setting(s) {sorted(unknown)}; "
                           f"known: {sorted(known)}")
     return resolve_run_settings({**unlearning["defaults"], **unlearning["runs"][name]})
+
+
+@functools.lru_cache(maxsize=1)
+def run_setting_reads() -> dict:
+    """The schema's declaration of the run settings each part of an unlearning job reads (``x-reads`` of
+    ``unlearning.defaults``: ``job``, ``training``, ``workflow``, one entry per method and per optimiser)."""
+    return load_schema()["properties"]["unlearning"]["properties"]["defaults"]["x-reads"]
+
+
+def _declared(kind: str, name: str) -> dict:
+    entries = run_setting_reads()[kind]
+    if name not in entries:
+        raise ConfigError(f"{kind[:-1]} {name!r} declares no run settings: add its entry to x-reads.{kind} of "
+                          f"unlearning.defaults in {SCHEMA_PATH}")
+    return entries[name]
+
+
+def _entry_reads(kind: str, name: str) -> frozenset[str]:
+    entry = _declared(kind, name)
+    inherited = _entry_reads(kind, entry["extends"]) if "extends" in entry else frozenset()
+    return inherited | frozenset(entry.get("reads", ()))
+
+
+def method_trains(method: str) -> bool:
+    """Whether a method trains with an optimiser (false: a closed-form edit, which reads no optimiser setting)."""
+    return _declared("methods", method).get("trains", True)
+
+
+def settings_read(method: str, optimiser: str | None = None) -> frozenset[str]:
+    """Every run setting an unlearning job of ``method`` with ``optimiser`` reads, as the schema declares it: the
+    job's own, the method's, and for a training method the run loop's and the optimiser's."""
+    reads = frozenset(run_setting_reads()["job"]) | _entry_reads("methods", method)
+    if not method_trains(method):
+        return reads
+    if optimiser is None:
+        raise ConfigError(f"method {method!r} trains: its settings need an 'optimiser'")
+    return reads | frozenset(run_setting_reads()["training"]) | _entry_reads("optimisers", optimiser)
+
+
+def job_settings(settings: dict) -> dict:
+    """The run settings its unlearning job reads (``settings_read``), as the job's params: a setting no part of the
+    job reads never reruns it. A setting without a default (e.g. ``precision``) stays absent when unset."""
+    read = settings_read(settings["method"], settings.get("optimiser"))
+    return {key: value for key, value in settings.items() if key in read}
+
+
+def job_run_settings(config: dict, name: str) -> dict:
+    """The params of run ``name``'s unlearning jobs: ``run_config`` narrowed to what they read (``job_settings``)."""
+    return job_settings(run_config(config, name))
+
+
+def setting_readers() -> dict[str, list[str]]:
+    """Run setting -> who reads it, as the schema declares it (``x-reads``): every job, every training run, the
+    rules, or the methods and optimisers whose entries list it (``extends`` followed); for the configuration
+    reference."""
+    reads, out = run_setting_reads(), {name: [] for name in run_setting_names()}
+    for part, who in (("job", "every run"), ("training", "every training run"), ("workflow", "the workflow rules")):
+        for name in reads[part]:
+            out[name].append(who)
+    for kind in ("methods", "optimisers"):
+        for entry in reads[kind]:
+            for name in sorted(_entry_reads(kind, entry)):
+                out[name].append(f"{kind[:-1]} `{entry}`")
+    return out
+
+
+class DeclaredSettings(dict):
+    """Run settings narrowed to those declared for their reader (``x-reads``): reading any other, by ``[]`` or
+    ``get``, raises a KeyError naming the declaration to extend, so that a job never silently runs on a default
+    it was not given."""
+
+    def __init__(self, settings: dict, declared: frozenset[str], reader: str):
+        super().__init__({key: value for key, value in settings.items() if key in declared})
+        self.declared, self.reader = declared, reader
+
+    def __missing__(self, key: str):
+        raise KeyError(self._why(key))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self.declared:
+            raise KeyError(self._why(key))
+        return super().get(key, default)
+
+    def _why(self, key: str) -> str:
+        if key in self.declared:
+            return f"{self.reader} reads run setting {key!r}, which its settings lack"
+        return (f"{self.reader} reads run setting {key!r}, which its declaration does not list: add it to the "
+                f"entry's reads in x-reads of unlearning.defaults ({SCHEMA_PATH})")
+
+
+def method_settings(method: str, settings: dict) -> DeclaredSettings:
+    """The settings an unlearning method's object reads: the job's and its own entry's."""
+    declared = frozenset(run_setting_reads()["job"]) | _entry_reads("methods", method)
+    return DeclaredSettings(settings, declared, f"method {method!r}")
+
+
+def run_loop_settings(method: str, settings: dict) -> DeclaredSettings:
+    """The settings the run loop and the optimiser of a run of ``method`` read (``settings_read``)."""
+    return DeclaredSettings(settings, settings_read(method, settings.get("optimiser")),
+                            f"the run of method {method!r} with optimiser {settings.get('optimiser')!r}")
 
 
 PIU_WEIGHT_DECAY = 0.01  # PIU's AdamW weight decay, the base step of every optimiser but epsilon_constrained

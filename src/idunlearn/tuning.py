@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from .config import ConfigError, run_config, tuned_base
+from .config import ConfigError, job_settings, run_config, settings_read, tuned_base
 from .evaluation.statistics import pooled_srk, sample_counts
 from .selection import Selection, experiment_selections, forget_identity_order, retain_identity_split
 from .unlearning import METHODS
@@ -46,8 +46,9 @@ def _setting_name(base: str, point: dict) -> str:
 
 def tuning_settings(config: dict) -> dict[str, dict]:
     """Every tuning setting by name ``<run>.tune.<knob>_<value>...``: ``base`` (the paper-setting run), ``point``
-    (the grid values) and ``run`` (its full settings: the base run's, the budget for training methods, the point).
-    Errors name the config key."""
+    (the grid values) and ``run`` (the settings its job reads, ``config.job_settings``: the base run's, the budget
+    for training methods, the point). Errors name the config key, also for a knob the base run's method and
+    optimiser do not read (its grid points would be one job under several names)."""
     tuning, out = config["tuning"], {}
     budget = tuning["budget"]
     known = set(config["unlearning"]["defaults"])
@@ -56,7 +57,11 @@ def tuning_settings(config: dict) -> dict[str, dict]:
         unknown = sorted(set(spec["grid"]) - known)
         if unknown:
             raise ConfigError(f"config key '{key}.grid': unknown setting(s) {unknown}; known: {sorted(known)}")
-        settings = {**run_config(config, base), "n_identities": None}
+        settings = run_config(config, base)
+        unread = sorted(set(spec["grid"]) - settings_read(settings["method"], settings["optimiser"]))
+        if unread:
+            raise ConfigError(f"config key '{key}.grid': method {settings['method']!r} with optimiser "
+                              f"{settings['optimiser']!r} does not read {unread}; tune settings it reads")
         training = is_training(settings["method"])
         if training:
             settings.update(budget)
@@ -66,7 +71,7 @@ def tuning_settings(config: dict) -> dict[str, dict]:
                 raise ConfigError(f"config key '{key}.grid': setting {point} takes {run['steps']} steps x "
                                   f"{run['forget_batch']} forget samples, over the budget tuning.budget "
                                   f"({budget['steps']} x {budget['forget_batch']}) every training method shares")
-            out[_setting_name(base, point)] = {"base": base, "point": point, "run": run}
+            out[_setting_name(base, point)] = {"base": base, "point": point, "run": job_settings(run)}
     return out
 
 
@@ -160,13 +165,13 @@ def choice_record(choices: dict, settings: dict[str, dict], rule: dict, identiti
             "methods": {m: {**c, "run": settings[c["setting"]]["run"]} for m, c in choices.items()}}
 
 
-def tuned_settings(run: dict, choice: dict, name: str) -> dict:
-    """The settings of run ``name`` = ``<base>.tuned``: the tuning's chosen settings for ``base``, keeping the run's
-    own ``n_identities``."""
+def tuned_settings(choice: dict, name: str) -> dict:
+    """The settings of run ``name`` = ``<base>.tuned``: the tuning's chosen settings for ``base`` (which identities
+    the run takes is the rules' business: its own ``n_identities``)."""
     base = tuned_base(name)
     if base not in choice["methods"]:
         raise ConfigError(f"run {name!r}: the tuning choice has no method {base!r}; add it to tuning.methods")
-    return {**choice["methods"][base]["run"], "n_identities": run["n_identities"]}
+    return choice["methods"][base]["run"]
 
 
 def _cell(value: float) -> str:

@@ -15,11 +15,12 @@ with stage_log(snakemake.log[0], "unlearn") as log:
     torch.set_num_threads(snakemake.threads)
     i, p, out = snakemake.input, snakemake.params, snakemake.output
     run, centroids = p.run, pd.read_parquet(i.centroids)
-    if run["epsilon_fraction"] is not None:  # Phase II: epsilon from this identity's Phase I boundary runs
+    # Phase II: epsilon from this identity's Phase I boundary runs (only epsilon_constrained runs hold the key)
+    if run.get("epsilon_fraction") is not None:
         run = {**run, "epsilon": run_epsilon(run, *map(pd.read_parquet, i.boundaries))}
         log.info("Phase II epsilon %.6g at fraction %s", run["epsilon"], run["epsilon_fraction"])
     if "tuning_choice" in i.keys() and i.tuning_choice:  # <run>.tuned: the setting the tuning protocol chose
-        run = tuned_settings(run, read_json(i.tuning_choice[0]), snakemake.wildcards.run)
+        run = tuned_settings(read_json(i.tuning_choice[0]), snakemake.wildcards.run)
         log.info("tuned settings: %s", run)
     selection = run_selection(read_json(i.selection), run, centroids)
     generator = load_generator(p.generator, p.device)

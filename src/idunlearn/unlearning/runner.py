@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from ..config import run_loop_settings
 from ..io import atomic_path
 from ..models.generator import IdentityGenerator
 from ..models.layers import select_trainable
@@ -41,6 +42,7 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
         raise ValueError(f"method {method.name!r} unlearns one identity per run, not {len(data.anchors())} at once: "
                          "leave it out of joint unlearning (config key 'many.joint_sizes'), or chain it one identity "
                          "at a time (many.sequential_length)")
+    cfg = run_loop_settings(method.name, cfg)  # reading a setting the schema does not declare for it fails
     generator.requires_grad_(False)
     trainable = select_trainable(generator.unet, cfg["regime"], cfg["surgical_blocks"])
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
