@@ -1,5 +1,6 @@
 """Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `... benchmark-piu ...`,
-`... benchmark-optimisers ...`, `... apply-delta --base <UNet folder> --delta delta.safetensors --out <folder>`, `... docs --results results/`."""
+`... benchmark-optimisers ...`, `... apply-delta --base <UNet folder> --delta delta.safetensors --out <folder>`,
+`... plan --configfile config/celebahq.yaml [--study]`, `... docs --results results/`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from .bench_cli import (
     run_phase_two,
 )
 from .config import load_config
+from .plan import HELP as PLAN_HELP
+from .plan import add_plan_arguments, run_plan
 
 
 def fetch_assets(configfile: str) -> None:
@@ -76,6 +79,7 @@ def main(argv=None) -> None:
     add_benchmark_arguments(sub.add_parser("benchmark-piu", help=BENCHMARK_HELP))
     add_optimiser_benchmark_arguments(sub.add_parser("benchmark-optimisers", help=OPTIMISER_HELP))
     add_phase_two_arguments(sub.add_parser("benchmark-phase-two", help=PHASE_TWO_HELP))
+    add_plan_arguments(sub.add_parser("plan", help=PLAN_HELP))
     docs = sub.add_parser("docs", help=docs_command.__doc__)
     docs.add_argument("--results", default="results", help="the results folder a workflow run wrote")
     docs.add_argument("--root", default=".", help="the folder holding README.md and docs/")
@@ -90,6 +94,8 @@ def main(argv=None) -> None:
         run_optimiser_benchmark(args)
     elif args.command == "benchmark-phase-two":
         run_phase_two(args)
+    elif args.command == "plan":
+        run_plan(args)
     elif args.command == "docs":
         docs_command(args.results, args.root)
 
