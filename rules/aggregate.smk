@@ -61,6 +61,7 @@ rule sample_grids:
 rule pareto:
     input:
         metrics=rules.aggregate.output.metrics,
+        counts=rules.aggregate.output.counts,  # the pooled SRK per point
         losses=lambda wc: controllable_losses(),
     output:
         table=report(results("tables", "pareto.csv"), category="Controllable unlearning"),
@@ -70,6 +71,7 @@ rule pareto:
     params:
         points=controllable_points(),
         tolerances={base: spec["tolerance"] for base, spec in config["unlearning"]["controllable"].items()},
+        seed=config["seed"],
     log:
         logs("pareto"),
     conda:

@@ -158,7 +158,16 @@ def test_pareto_table_summary_and_figure():
     assert (phase_two["bound_idle_share"] == 1.0).all() and table.loc[table["point"] != "0.5", "bound_gap_spacings"].isna().all()
     # a range within the tolerance is a degenerate front: flagged, and the table is still written
     assert pareto_table(points, pd.DataFrame(metrics), losses, {"piu": 2.0})["degenerate"].all()
-    summary = pareto_summary(table)
+    # per-sample counts: every point's identity 3 forgets all 4 forget samples and keeps all 4 retain samples,
+    # identity 5 keeps 1 of 4 forget and 3 of 4 retain samples
+    counts = pd.DataFrame([{"run": run, "phase": "after", "forget_identity": ident, "forget_n": 4, "retain_n": 4,
+                            "forget_hits": {3: 0, 5: 1}[ident], "retain_hits": {3: 4, 5: 3}[ident]}
+                           for _, run in points["piu"] for ident in (3, 5)])
+    summary = pareto_summary(table, counts, seed=0)
+    # SRK = Acc_R / (Acc_U + 0.01) on the pooled counts (PIU eqs. 8-10), not the mean of per-identity SRKs
+    assert summary["srk_after"].tolist() == pytest.approx([(7 / 8) / (1 / 8 + 0.01)] * 3)
+    assert (summary["srk_after_ci_low"] <= summary["srk_after"]).all()
+    assert (summary["srk_after"] <= summary["srk_after_ci_high"]).all()
     assert (summary["n_degenerate"] == 0).all()
     assert summary["point"].tolist() == ["highest", "0.5", "lowest"]
     assert summary["ism_forget_after_mean"].tolist() == pytest.approx([0.04, 0.14, 0.24])

@@ -14,7 +14,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from .evaluation.aggregate import mean_ci  # noqa: E402
+from .evaluation.aggregate import identity_counts, mean_ci  # noqa: E402
+from .evaluation.statistics import bootstrap_pooled, pooled_srk  # noqa: E402
 from .unlearning import build_method  # noqa: E402
 from .unlearning.optimisers import epsilon_at  # noqa: E402
 from .unlearning.runner import unlearn  # noqa: E402
@@ -122,14 +123,20 @@ def pareto_table(points: dict[str, list[tuple[str, str]]], metrics: pd.DataFrame
     return pd.DataFrame(rows).sort_values(["base_run", "forget_identity", "completeness_rank"]).reset_index(drop=True)
 
 
-def pareto_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (base run, point): mean and 95% half width over forget identities, and how many identities have a
-    degenerate front; and per base run the Spearman correlation of forget ISM with the completeness rank
-    (positive: forget ISM rises as completeness falls)."""
+def pareto_summary(table: pd.DataFrame, counts: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """Per (base run, point): mean and 95% half width over forget identities, the pooled SRK after unlearning with
+    its identity-bootstrap interval (``srk_after``: PIU eqs. 8-10 on the counts of all the point's forget
+    identities, ``counts`` = aggregate's sample_counts table, as the study's SRK; ``srk_identity_after_mean`` is the
+    mean of per-identity SRKs, a different statistic), and how many identities have a degenerate front; and per
+    base run the Spearman correlation of forget ISM with the completeness rank (positive: forget ISM rises as
+    completeness falls)."""
     records = []
     for (base, rank, point), group in table.groupby(["base_run", "completeness_rank", "point"], sort=True):
+        after = identity_counts(counts, group["run"].iloc[0], "after").loc[sorted(group["forget_identity"])]
+        srk, low, high = bootstrap_pooled(after, pooled_srk, seed)
         record = {"base_run": base, "point": point, "completeness_rank": rank, "n_identities": len(group),
-                  "n_degenerate": int(group["degenerate"].sum())}
+                  "n_degenerate": int(group["degenerate"].sum()), "srk_after": srk, "srk_after_ci_low": low,
+                  "srk_after_ci_high": high}
         for col in ["epsilon", "f1_range", "f1_forget", "f2_retain", "bound_gap_spacings", *PARETO_METRICS]:
             record[f"{col}_mean"], record[f"{col}_ci95"] = mean_ci(group[col])
         records.append(record)

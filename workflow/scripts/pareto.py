@@ -13,7 +13,7 @@ with stage_log(snakemake.log[0], "pareto") as log:
         run_dir, identity = os.path.split(os.path.dirname(path))
         losses[(os.path.basename(run_dir), int(identity))] = pd.read_parquet(path)
     table = pareto_table(snakemake.params.points, pd.read_parquet(i.metrics), losses, snakemake.params.tolerances)
-    summary = pareto_summary(table)
+    summary = pareto_summary(table, pd.read_parquet(i.counts), snakemake.params.seed)
     degenerate = table.loc[table["degenerate"], ["base_run", "forget_identity"]].drop_duplicates()
     if len(degenerate):  # a finding about the model (its objectives barely conflict), reported, not an error
         log.warning("degenerate front (f1(lowest) <= f1(highest) + tolerance) for %s",
