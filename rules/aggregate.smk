@@ -23,7 +23,6 @@ rule aggregate:
         summary_csv=report(results("tables", "summary.csv"), category="Tables"),
         summary_long=report(results("tables", "summary_long.csv"), category="Summary"),
         summary_md=report(results("tables", "summary.md"), category="Summary"),
-        summary_rst=results("tables", "summary.rst"),
         costs=report(results("tables", "costs.csv"), category="Tables"),
     params:
         runs=run_names(),  # the names alone: each job's settings come from its timings
@@ -35,6 +34,25 @@ rule aggregate:
         "../environment.yml"
     script:
         "../workflow/scripts/aggregate.py"
+
+
+rule landing_page:
+    input:
+        summary_long=rules.aggregate.output.summary_long,
+        grids=lambda wc: [results("figures", run, f"{identity}_forget.png") for run, identity in landing_grids()],
+        audit_summary=lambda wc: audit_tables_if_default("summary"),
+        verdicts=lambda wc: audit_tables_if_default("verdicts"),
+    output:
+        results("tables", "landing.rst"),
+    params:
+        runs=lambda wc: [run for run, _ in landing_grids()],
+        identities=lambda wc: [identity for run, identity in run_identity_pairs() if run == run_names()[0]],
+    log:
+        logs("landing_page"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/landing_page.py"
 
 
 rule sample_grids:

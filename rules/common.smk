@@ -82,6 +82,7 @@ def get_final_outputs(wildcards):
         results("selection", "selections.csv"),
         results("tables", "metrics.csv"),
         results("tables", "summary.csv"),
+        results("tables", "landing.rst"),  # the report's landing page
         results("analysis", "layer_separation.png"),
         *expand(results("selection", "sheets", "{identity}.png"), identity=identities),
         *[results("figures", run, f"{identity}_{kind}.png") for run, identity in run_identity_pairs()
@@ -90,6 +91,19 @@ def get_final_outputs(wildcards):
         *([results("figures", "pareto.png")] if config["unlearning"]["controllable"] else []),
         *([results("tables", "audit_summary.md")] if config["audit"]["default_target"] else []),
     ]
+
+
+def landing_grids():
+    """(run, identity) of the forget grid each run shows on the report's landing page: its first forget identity."""
+    first = {}
+    for run, identity in run_identity_pairs():
+        first.setdefault(run, identity)
+    return list(first.items())
+
+
+def audit_tables_if_default(name):
+    """An audit_tables output, when the audit is in the default target (else the landing page has no audit)."""
+    return [getattr(rules.audit_tables.output, name)] if config["audit"]["default_target"] else []
 
 
 def audited_pairs():

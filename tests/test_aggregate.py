@@ -116,10 +116,9 @@ def aggregated(tmp_path):
     inputs["audit"] = [str(audit_md)]
     selections = tmp_path / "selections.parquet"
     pd.DataFrame({"forget_identity": [1, 2, 3], "n_forget_train": [6, 6, 6]}).to_parquet(selections)
-    names = ["metrics", "metrics_csv", "counts", "summary", "summary_csv", "summary_long", "summary_md",
-             "summary_rst", "costs"]
+    names = ["metrics", "metrics_csv", "counts", "summary", "summary_csv", "summary_long", "summary_md", "costs"]
     files = ["metrics.parquet", "metrics.csv", "sample_counts.parquet", "summary.parquet", "summary.csv",
-             "summary_long.csv", "summary.md", "summary.rst", "costs.csv"]
+             "summary_long.csv", "summary.md", "costs.csv"]
     smk = SimpleNamespace(input=SimpleNamespace(selections=str(selections), **inputs),
                           output=SimpleNamespace(**{n: str(tables / f) for n, f in zip(names, files)}),
                           params=SimpleNamespace(runs={"a": {"steps": 2}, "b": {"steps": 3}}, seed=42, external={}),

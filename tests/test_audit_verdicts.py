@@ -4,8 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from idunlearn.audit.verdicts import (HIDDEN, HIDDEN_FIRST_ONLY, NOT_FORGOTTEN, REMOVED, UNDETERMINED,
-                                      identity_verdicts, paired_comparisons, run_verdict_lines, verdict_markdown)
+import yaml
+
+from conftest import REPO
+from idunlearn.audit.verdicts import (DECIDE_COMMAND, HIDDEN, HIDDEN_FIRST_ONLY, NO_ATTACK, NOT_FORGOTTEN, REMOVED,
+                                      UNDETERMINED, WEAK_ATTACK, identity_verdicts, paired_comparisons,
+                                      run_verdict_lines, verdict_markdown)
+from idunlearn.config import load_config
 
 RULE = {"light_max_fa": 0.1, "recovered_min_fa": 0.5}
 
@@ -59,9 +64,24 @@ def test_each_verdict_by_the_declared_rule(table):
     # without a second recognizer, the first one's verdict stands
     first_only = table[table["metric"] != "fa_second"]
     assert identity_verdicts(first_only, **RULE).set_index("identity").loc[2, "verdict"] == HIDDEN
-    # the light audit (no attack) never claims removal
+    # the light audit (no attack) never claims removal, and says why
     no_attack = table[table["probe"] != "attack"]
-    assert set(identity_verdicts(no_attack, **RULE)["verdict"]) == {UNDETERMINED, NOT_FORGOTTEN}
+    light_only = identity_verdicts(no_attack, **RULE)
+    assert set(light_only["verdict"]) == {UNDETERMINED, NOT_FORGOTTEN}
+    assert set(light_only.loc[light_only["verdict"] == UNDETERMINED, "reason"]) == {NO_ATTACK}
+    assert verdicts.loc[4, "reason"] == WEAK_ATTACK and (verdicts.drop(index=4)["reason"] == "").all()
+
+
+def test_undetermined_verdicts_give_their_reason_and_what_decides_them(table):
+    light_only = identity_verdicts(table[table["probe"] != "attack"], **RULE)
+    line, = run_verdict_lines(light_only)
+    assert f"undetermined 4: {NO_ATTACK}" in line
+    text = verdict_markdown(light_only, paired_comparisons(table, None, seed=0), RULE)
+    assert f"`{DECIDE_COMMAND}`" in text and "stronger attack" not in text
+    weak = verdict_markdown(identity_verdicts(table, **RULE), paired_comparisons(table, None, seed=0), RULE)
+    assert "stronger attack" in weak and DECIDE_COMMAND not in weak
+    overlay = yaml.safe_load((REPO / DECIDE_COMMAND.split()[-1]).read_text())
+    assert "attack" in load_config(REPO / "config" / "config.yaml", overlay)["audit"]["probes"]
 
 
 def test_run_line_counts_and_share_hidden(table):

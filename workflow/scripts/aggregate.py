@@ -2,8 +2,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from idunlearn.evaluation.aggregate import (metrics_row, nested_markdown, summarise, summary_long, summary_markdown,
-                                          summary_rst)
+from idunlearn.evaluation.aggregate import metrics_row, nested_markdown, summarise, summary_long, summary_markdown
 from idunlearn.evaluation.metrics import METRIC_KEYS
 from idunlearn.evaluation.statistics import sample_counts
 from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
@@ -64,6 +63,4 @@ with stage_log(snakemake.log[0], "aggregate") as log:
     audit = [nested_markdown(Path(p).read_text()) for p in i.audit]
     with atomic_path(out.summary_md) as tmp:
         tmp.write_text("\n".join([summary_markdown(long, primary, identities), *audit]))
-    with atomic_path(out.summary_rst) as tmp:
-        tmp.write_text(summary_rst(long, primary, identities))
     write_csv(pd.DataFrame(costs).sort_values(["run", "forget_identity"]), out.costs)

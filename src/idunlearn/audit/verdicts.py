@@ -27,7 +27,12 @@ NOT_FORGOTTEN, HIDDEN, HIDDEN_FIRST_ONLY, REMOVED, UNDETERMINED = (
     "not forgotten", "hidden", "hidden, first recognizer only", "removed", "undetermined")
 VERDICTS = (NOT_FORGOTTEN, HIDDEN, HIDDEN_FIRST_ONLY, UNDETERMINED, REMOVED)  # most to least cautious: breaks ties
 VERDICT_COLUMNS = ["run", "identity", "evaluation_fa", "photo_fa", "attack_fa", "attack_fa_second", "control_passes",
-                   "verdict"]
+                   "verdict", "reason"]
+# why an identity is undetermined (the ``reason`` column; empty for every other verdict)
+NO_ATTACK = "no attack ran (the attack probe is off in audit.probes, as in the default run's light audit)"
+WEAK_ATTACK = "the attack failed its control on the identity (too weak there to tell hidden from removed)"
+# the overlay that adds the attack probe to the default run's audit, so that its verdicts are decided
+DECIDE_COMMAND = "snakemake audit --cores 2 --configfile config/config.yaml config/audit.yaml"
 COMPARISON_COLUMNS = ["run", "reference", "probe", "setting", "metric", "n", "mean_diff", "boot_low", "boot_high",
                       "t_low", "t_high", "p_wilcoxon"]
 
@@ -48,7 +53,7 @@ def _values(table: pd.DataFrame, probe: str, setting: str, metric: str) -> pd.Se
 
 def identity_verdicts(table: pd.DataFrame, light_max_fa: float, recovered_min_fa: float) -> pd.DataFrame:
     """One row per audited (run, forget identity), the original model left out (it is the control): the numbers the
-    rule reads and the verdict (module docstring)."""
+    rule reads, the verdict (module docstring) and, for an undetermined one, the reason (NO_ATTACK or WEAK_ATTACK)."""
     control = attack_control_by_identity(table)  # identities without the control never pass it
     columns = {"evaluation_fa": ("evaluation", "forget", "fa"), "photo_train": ("photo", "train", "fa"),
                "photo_val": ("photo", "val", "fa"), "attack_fa": ("attack", "best", "fa"),
@@ -71,16 +76,18 @@ def identity_verdicts(table: pd.DataFrame, light_max_fa: float, recovered_min_fa
             verdict = HIDDEN if second else HIDDEN_FIRST_ONLY
         else:  # includes "no attack ran" (NaN): then removal cannot be claimed
             verdict = REMOVED if passes and not np.isnan(row["attack_fa"]) else UNDETERMINED
+        reason = "" if verdict != UNDETERMINED else NO_ATTACK if np.isnan(row["attack_fa"]) else WEAK_ATTACK
         records.append({"run": run, "identity": int(identity), "evaluation_fa": row["evaluation_fa"],
                         "photo_fa": row["photo_fa"], "attack_fa": row["attack_fa"],
-                        "attack_fa_second": row["attack_fa_second"], "control_passes": passes, "verdict": verdict})
+                        "attack_fa_second": row["attack_fa_second"], "control_passes": passes, "verdict": verdict,
+                        "reason": reason})
     return pd.DataFrame.from_records(records, columns=VERDICT_COLUMNS)
 
 
 def run_verdict_lines(verdicts: pd.DataFrame) -> list[str]:
     """One plain sentence per run: how many identities it left drawn, hid, removed or left undetermined, the share
-    hidden among those the light probes call forgotten (exact binomial interval), and its majority verdict (both
-    kinds of hidden together; ties go to the more cautious verdict)."""
+    hidden among those the light probes call forgotten (exact binomial interval), why any are undetermined, and its
+    majority verdict (both kinds of hidden together; ties go to the more cautious verdict)."""
     lines = []
     for run, part in verdicts.groupby("run", sort=True):
         counts = part["verdict"].value_counts()
@@ -96,7 +103,23 @@ def run_verdict_lines(verdicts: pd.DataFrame) -> list[str]:
             low, high = clopper_pearson(hidden, forgotten)
             share = (f"; hidden on {hidden} of the {forgotten} it forgot under the light probes "
                      f"({hidden / forgotten:.2f}, {low:.2f} to {high:.2f})")
-        lines.append(f"- **{run}** ({n} identities): {listing}{share}. Most identities: {majority}.")
+        reasons = part.loc[part["verdict"] == UNDETERMINED, "reason"].value_counts()
+        why = "".join(f"; undetermined {count}: {reason}" for reason, count in reasons.items())
+        lines.append(f"- **{run}** ({n} identities): {listing}{share}{why}. Most identities: {majority}.")
+    return lines
+
+
+def decide_note(verdicts: pd.DataFrame, code=lambda text: f"`{text}`") -> list[str]:
+    """What decides the undetermined verdicts: the attack (DECIDE_COMMAND) where none ran, a stronger attack where it
+    failed its control; ``code`` formats a command (Markdown backticks by default). None undetermined: no lines."""
+    reasons = set(verdicts.loc[verdicts["verdict"] == UNDETERMINED, "reason"])
+    lines = []
+    if NO_ATTACK in reasons:
+        lines.append("Whether a forgotten identity is hidden or removed takes the embedding attack (minutes per "
+                     f"identity): {code(DECIDE_COMMAND)} adds it to this audit.")
+    if WEAK_ATTACK in reasons:
+        lines.append("Where the attack failed its control, a stronger attack decides: raise audit.probes.attack's "
+                     "restarts and steps.")
     return lines
 
 
@@ -147,6 +170,8 @@ def verdict_markdown(verdicts: pd.DataFrame, comparisons: pd.DataFrame, rule: di
              f"{rule['recovered_min_fa']:g} of the time (by both recognizers when the second ran); removed when not, "
              f"and the attack passes its control on that identity; undetermined when it does not.", "",
              *run_verdict_lines(verdicts)]
+    note = decide_note(verdicts)
+    lines += ["", " ".join(note)] if note else []
     if len(comparisons):
         reference = comparisons["reference"].iloc[0]
         lines += ["", f"## Paired differences against {reference}", "",

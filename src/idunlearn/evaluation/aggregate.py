@@ -149,11 +149,3 @@ def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) ->
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"
 
-
-def summary_rst(long: pd.DataFrame, run: str, identities: Iterable[int]) -> str:
-    """The same content as ``summary_markdown`` in reStructuredText, included by the report's landing page."""
-    header, *rows = headline_table(long)
-    lines = [headline_sentences(long, run, identities), "", ".. csv-table:: Headline metrics per run",
-             "   :header-rows: 1", ""]
-    lines += ["   " + ", ".join(f'"{cell}"' for cell in row) for row in [header, *rows]]
-    return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"
