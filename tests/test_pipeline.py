@@ -325,38 +325,60 @@ def test_tuning_protocol_chooses_by_its_rule_and_the_tuned_run_uses_the_choice(t
     assert metrics.loc["piu.tuned", "hp_lr"] == choice["run"]["lr"]
 
 
-def test_many_identities_jointly_and_in_a_chain_and_a_changed_identity_reruns_only_its_steps(two_runs):
+def test_many_identities_jointly_in_chains_and_merged_and_a_changed_identity_reruns_only_its_jobs(two_runs):
     workdir = two_runs[1][0]
     res, identity = workdir / "results", _identity(workdir)
-    many = {"run": "piu", "joint_sizes": [1, 2], "sequential_length": 2}
+    many = {"run": "piu", "joint_sizes": [1, 2], "sequential_length": 2, "sequential_protections": ["none", "replay"],
+            "merges": ["sum"], "joint_budget": {"forget_batch": "per_identity"}}
     ran = _jobs(snakemake(workdir, "many", configfile=_config(workdir, "many", {**QUICK, "many": many})))
-    assert len(ran["many_unlearn_joint"]) == 2 and len(ran["many_unlearn_step"]) == 2, ran
+    assert len(ran["many_unlearn_single"]) == 2 and len(ran["many_unlearn_joint"]) == 1, ran
+    assert len(ran["many_unlearn_step"]) == 2 and len(ran["many_merge"]) == 1, ran
     assert "unlearn" not in ran and "evaluate_unlearned" not in ran  # the study's jobs are not touched
-    # N = 1 (and the chain's first step) is the ordinary unlearn job of the same run and identity, byte for byte
+    # N = 1 and every chain's first step are the single job: the ordinary unlearn job of that identity, byte for byte
     single = (res / "unlearning" / "piu" / str(identity) / "changed_parameters.safetensors").read_bytes()
-    for job in ("joint/n1", "sequential/step1"):
-        assert (res / "many" / "piu" / job / "changed_parameters.safetensors").read_bytes() == single, job
-    joint, chain = (pd.read_csv(res / "tables" / f"many_{mode}.csv") for mode in ("joint", "sequential"))
-    ids = chain.loc[chain["size"] == 2, "identity"].tolist()
-    assert ids[0] == identity and joint.groupby("size")["identity"].apply(list).to_dict() == {1: ids[:1], 2: ids}
+    assert (res / "many" / "piu" / "single" / str(identity) / "changed_parameters.safetensors").read_bytes() == single
+    tables = {name: pd.read_csv(res / "tables" / f"many_{name}.csv")
+              for name in ("joint", "sequential", "merge", "strategies", "comparisons")}
+    chain = tables["sequential"]
+    ids = chain.loc[(chain["size"] == 2) & (chain["strategy"] == "sequential/none"), "identity"].tolist()
+    assert ids[0] == identity and tables["joint"].groupby("size")["identity"].apply(list).to_dict() == {
+        1: ids[:1], 2: ids}
+    assert set(chain["strategy"]) == {"sequential/none", "sequential/replay"}
     assert {"fa_forget", "ism_forget_before", "ism_retain", "srk_pooled", "seconds_total"} <= set(chain.columns)
-    assert chain.groupby("size")["steps_total"].first().tolist() == [6, 12]
+    assert chain.groupby(["strategy", "size"])["steps_total"].first().tolist() == [6, 12, 6, 12]
+    assert tables["merge"]["steps_total"].iloc[0] == 12  # the two single jobs it merged
+    assert set(tables["strategies"]["strategy"]) == {"joint", "sequential/none", "sequential/replay", "merge/sum"}
+    assert len(tables["comparisons"]) == 6 * 6  # 6 pairs of strategies x 6 metrics
+    replay = json.loads((res / "many" / "piu" / "o0" / "replay" / "step2" / "timings.json").read_text())
+    assert replay["run"]["forget_batch"] == 2 + 8 and replay["weights"] == [8.0, 2.0]  # replay batch, own batch
     for mode in ("joint", "sequential"):
         assert (res / "figures" / f"many_{mode}.png").stat().st_size > 0
-    # another second identity: only the jobs that hold it rerun (chain step 2, joint N = 2, its before evaluation)
+    # another second identity: only the jobs that hold it rerun
     other = next(i for i in pd.read_parquet(res / "many" / "selection" / "order.parquet")["forget_identity"]
                  if i not in ids)
     changed = _config(workdir, "many_changed", {**QUICK, "many": {**many, "identities": [ids[0], int(other)]}})
     dry = {(rule, wildcards) for rule, wildcards in jobs_run(snakemake(workdir, "many", "--dry-run",
                                                                        configfile=changed))}
-    assert dry == {("many_unlearn_step", "run=piu, step=2"), ("many_evaluate_step", "run=piu, step=2"),
-                   ("many_unlearn_joint", "run=piu, n=2"), ("many_evaluate_joint", "run=piu, n=2"),
-                   ("many_evaluate_before", f"identity={other}"), ("many_tables", ""), ("many", "")}, dry
+    assert {rule for rule, _ in dry} == {"many_unlearn_single", "many_evaluate_single", "many_unlearn_step",
+                                         "many_evaluate_step", "many_unlearn_joint", "many_evaluate_joint",
+                                         "many_merge", "many_evaluate_merge", "many_evaluate_before", "many_tables",
+                                         "many"}, dry
+    assert ("many_unlearn_single", f"run=piu, identity={other}") in dry
+    assert ("many_unlearn_single", f"run=piu, identity={identity}") not in dry
     # a longer chain adds its steps only
     longer = _config(workdir, "many_longer", {**QUICK, "many": {**many, "sequential_length": 3}})
     dry = {(rule, wildcards) for rule, wildcards in jobs_run(snakemake(workdir, "many", "--dry-run",
                                                                        configfile=longer))}
-    assert {w for r, w in dry if r.startswith("many_unlearn")} == {"run=piu, step=3"}, dry
+    assert {w for r, w in dry if r.startswith("many_unlearn")} == {
+        "run=piu, order=0, protection=none, step=3", "run=piu, order=0, protection=replay, step=3"}, dry
+    # the shipped overlay resolves: three orders, every strategy on each
+    overlay = [_config(workdir, "many_overlay", QUICK), REPO / "config" / "many.yaml"]
+    dry = {(rule, wildcards) for rule, wildcards in jobs_run(snakemake(workdir, "many", "--dry-run",
+                                                                       configfile=overlay))}
+    for rule, wildcards in (("many_unlearn_joint", "n=8"), ("many_unlearn_step", "protection=replay, step=8"),
+                            ("many_merge", "merge=sum, n=8"), ("many_merge", "merge=cross_attention, n=8")):
+        orders = {w.split("order=")[1].split(",")[0] for r, w in dry if r == rule and wildcards in w}
+        assert orders == {"0", "1", "2"}, (rule, dry)
 
 
 def test_forget_request_from_a_folder_exports_the_model_and_reports_the_rejected_files(two_runs):
