@@ -7,8 +7,6 @@ A generated block sits between ``<!-- generated:NAME -->`` (or ``<!-- generated:
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -297,33 +295,28 @@ RUN_SETTINGS = "unlearning.defaults."
 
 
 def setting_readers() -> dict[str, list[str]]:
-    """Run setting -> the methods and optimisers whose code reads it (a string literal of the setting's name in the
-    class or its idunlearn base classes); settings the run loop itself reads (``unlearning/runner.py``) read by
-    every run."""
-    from .config import run_setting_names
-    from .unlearning import METHODS, runner
-    from .unlearning.optimisers import OPTIMISERS
+    """Run setting -> what reads it, as the schema declares it (``x-reads`` of ``unlearning.defaults``,
+    ``config.run_setting_reads``): every run's job, every training run (the run loop and the AdamW base step), the
+    workflow's rules, or named methods and optimisers (an entry's ``extends`` included)."""
+    from .config import run_setting_names, run_setting_reads
 
-    def literals(obj) -> set[str]:
-        return {node.value for node in ast.walk(ast.parse(inspect.getsource(obj)))
-                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
-
-    def class_literals(cls) -> set[str]:
-        return set().union(*(literals(base) for base in cls.__mro__ if base.__module__.startswith("idunlearn")))
-
+    reads = run_setting_reads()
     readers: dict[str, list[str]] = {name: [] for name in run_setting_names()}
-    for kind, registry in (("method", METHODS), ("optimiser", OPTIMISERS)):
-        read = {name: class_literals(cls) for name, cls in registry.items()}
-        for setting in readers:
-            names = [name for name in registry if setting in read[name]]
-            if len(names) == len(registry):
-                readers[setting].append(f"every {kind}")
-            else:
-                readers[setting] += [f"{kind} `{name}`" for name in names]
-    for setting in literals(runner) & set(readers):
-        readers[setting] = ["every run (the run loop)"]
-    return {setting: names or ["the workflow (which identities, anchor or bound a job gets)"]
-            for setting, names in readers.items()}
+    for group, reader in (("job", "every run"), ("training", "every training run (run loop, AdamW step)"),
+                          ("workflow", "the workflow's rules")):
+        for setting in reads[group]:
+            readers[setting].append(reader)
+    for kind in ("methods", "optimisers"):
+        entries = reads[kind]
+
+        def entry_reads(name: str) -> set[str]:
+            entry = entries[name]
+            return set(entry.get("reads", ())) | (entry_reads(entry["extends"]) if "extends" in entry else set())
+
+        for name in entries:
+            for setting in sorted(entry_reads(name)):
+                readers[setting].append(f"{kind[:-1]} `{name}`")
+    return readers
 
 
 def render_configuration(results: Path | None = None, argument: str | None = None) -> str:
