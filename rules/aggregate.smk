@@ -26,7 +26,7 @@ rule aggregate:
         costs=report(results("tables", "costs.csv"), category="Tables"),
     params:
         runs=run_names(),  # the names alone: each job's settings come from its timings
-        external={name: entry["unet"] for name, entry in external_models().items()},
+        external={name: entry.get("unet") or entry["generator"] for name, entry in external_models().items()},
         seed=config["seed"],
     log:
         logs("aggregate"),

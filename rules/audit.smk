@@ -1,6 +1,8 @@
 # Stage "audit": is the person really gone? A verification threshold calibrated on real impostor pairs, then probes
 # (Leak@k conditions, every real photo, great circles around the forget centroid, relearning) on the original model
 # (the control) and on every (run, forget identity), with the locality of the damage from the evaluation's samples.
+# The held-out attacks (attack_heldout, inversion, relearning_heldout) run where audit.probes names them; the
+# never-trained reference (an external model such as study.yaml's `retrain`) is audited like any run.
 # Target `audit`; in the default target when `audit.default_target` is true.
 
 
@@ -117,7 +119,7 @@ use rule audit_original as audit_unlearned with:
 use rule audit_original as audit_external with:
     input:
         unpack(second_recognizer_inputs),
-        unet=external_unet,
+        unpack(external_model),
         selection=selection_file,
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,
@@ -155,6 +157,9 @@ rule audit_tables:
         locality=report(results("figures", "audit", "locality.png"), category="Forgetting audit"),
         verdicts=report(results("tables", "audit_verdicts.csv"), category="Forgetting audit"),
         comparisons=results("tables", "audit_comparisons.csv"),
+        # every run against the never-trained reference (audit.verdict.reference; empty when it is not audited)
+        against_reference=report(results("tables", "audit_vs_reference.csv"), category="Forgetting audit"),
+        relearning_curves=report(results("figures", "audit", "relearning_curves.png"), category="Forgetting audit"),
     params:
         seed=config["seed"],
         verdict=config["audit"]["verdict"],

@@ -188,15 +188,33 @@ def external_models():
     return {entry["name"]: entry for entry in config["evaluation"]["external"]}
 
 
-def external_unet(wildcards):
-    """An external model's UNet files (a delta, or a diffusers folder's config and weights): its jobs' input."""
-    return unet_source_files(external_models()[wildcards.external]["unet"])
+def external_model(wildcards):
+    """An external model's files, its jobs' input: ``unet``, a UNet (a delta, or a diffusers folder's config and
+    weights), or ``folder``, a whole mini generator's two files."""
+    entry = external_models()[wildcards.external]
+    if "unet" in entry:
+        return {"unet": unet_source_files(entry["unet"])}
+    folder = reference_generator_folder() if entry["generator"] == "reference" else entry["generator"]
+    return {"folder": [os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")]}
+
+
+def reference_generator_folder():
+    """The never-trained reference: generator.reference.checkpoint (shipped), or while that folder is absent the
+    folder train_generator_reference writes (the workflow then trains it: about 160 minutes on 2 cores)."""
+    shipped = config["generator"]["reference"]["checkpoint"]
+    if os.path.isfile(os.path.join(shipped, "model.safetensors")):
+        return shipped
+    return results("generator", "reference")
 
 
 def external_identity_pairs():
-    """(external model, forget identity) of every external evaluation; the identities must be selected ones."""
+    """(external model, forget identity) of every external evaluation; the identities must be selected ones
+    (``selection``: all of them)."""
     identities, pairs = forget_identities(), []
     for index, entry in enumerate(config["evaluation"]["external"]):
+        if entry["identities"] == "selection":
+            pairs += [(entry["name"], identity) for identity in identities]
+            continue
         unknown = sorted(set(entry["identities"]) - set(identities))
         if unknown:
             raise ValueError(f"config key 'evaluation.external.{index}.identities': {unknown} are not forget "

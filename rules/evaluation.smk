@@ -53,10 +53,11 @@ use rule evaluate_original as evaluate_unlearned with:
         logs("evaluate/after/{run}/{identity}"),
 
 
-# a model made elsewhere (config evaluation.external): its UNet in the configured generator, at the selection's anchor
+# a model made elsewhere (config evaluation.external): its UNet in the configured generator, or a whole mini generator
+# (the never-trained reference), at the selection's anchor
 use rule evaluate_original as evaluate_external with:
     input:
-        unet=external_unet,
+        unpack(external_model),
         selection=selection_file,
         manifest=rules.acquire_dataset.output.manifest,
         faces=rules.extract_embeddings.output.embeddings,

@@ -92,11 +92,15 @@ def check_external_models(config: dict) -> None:
     export = Path(os.path.abspath(config["results_dir"]), "export")
     taken = {*config["unlearning"]["runs"], "original"}  # "original": the audit's name of the original model
     for index, entry in enumerate(config["evaluation"]["external"]):
-        key, path = f"evaluation.external.{index}", Path(os.path.abspath(entry["unet"]))
+        key = f"evaluation.external.{index}"
         if entry["name"] in taken:
             raise ConfigError(f"config key '{key}.name': {entry['name']!r} is already a run name (an unlearning run, "
                               "'original' or an earlier external model); choose another")
         taken.add(entry["name"])
+        if "generator" in entry:
+            check_external_generator(config, key, entry["generator"])
+            continue
+        path = Path(os.path.abspath(entry["unet"]))
         if path.is_file() and path.suffix != ".safetensors":
             raise ConfigError(f"config key '{key}.unet': {entry['unet']} is neither a diffusers UNet folder nor a "
                               "delta .safetensors file")
@@ -104,6 +108,17 @@ def check_external_models(config: dict) -> None:
             raise ConfigError(f"config key '{key}.unet': {entry['unet']} does not exist; give a diffusers UNet "
                               "folder or a delta .safetensors file (`snakemake export` writes both under "
                               f"{config['results_dir']}/export/)")
+
+
+def check_external_generator(config: dict, key: str, folder: str) -> None:
+    """An external whole generator needs the mini backend, and a folder that exists unless it is ``reference`` (the
+    never-trained reference: generator.reference.checkpoint, or train_generator_reference's output)."""
+    if config["generator"]["backend"] != "mini":
+        raise ConfigError(f"config key '{key}.generator': a whole generator replaces generator.backend mini only "
+                          f"(backend is {config['generator']['backend']!r}); give an Arc2Face model as a unet")
+    if folder != "reference" and not Path(folder).is_dir():
+        raise ConfigError(f"config key '{key}.generator': {folder} is no folder; give a mini generator folder "
+                          "(model.safetensors + config.json) or `reference`")
 
 
 EPSILON_BOUNDARIES = ("highest", "lowest")

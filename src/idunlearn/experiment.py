@@ -3,6 +3,7 @@ gather the identity data, unlearn, evaluate before and after."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,10 +22,26 @@ from .unlearning.base import UnlearningData
 from .unlearning.runner import unlearn
 
 
-def load_generator(cfg: dict, device: str = "cpu", changed: str | None = None, unet=None) -> IdentityGenerator:
+def load_generator(cfg: dict, device: str = "cpu", changed: str | None = None, unet=None, folder=None,
+                   never_saw: int | None = None) -> IdentityGenerator:
     """The generator named by the ``generator`` config section; with ``changed``, an unlearning run's changed
     parameters applied, with ``unet``, an external UNet installed (a delta file, or a diffusers folder or its files:
-    ``models.export.install_unet``)."""
+    ``models.export.install_unet``); with ``folder`` (a mini generator folder or its two files), that whole generator
+    instead, refused when its config.json lists excluded identities without ``never_saw`` (a never-trained
+    reference stands in only for the people it never saw)."""
+    if folder is not None:
+        from .models.mini import excluded_identities, load_mini_generator
+
+        if cfg["backend"] != "mini":
+            raise ValueError(f"an external mini generator ({folder}) replaces a generator.backend mini only, not "
+                             f"{cfg['backend']!r}; give the external model as a unet")
+        folder = folder if isinstance(folder, (str, os.PathLike)) else os.path.dirname(folder[0])
+        excluded = excluded_identities(folder)
+        if never_saw is not None and excluded is not None and int(never_saw) not in excluded:
+            raise ValueError(f"the generator in {folder} was trained on identity {never_saw} (its config.json "
+                             f"excludes {excluded} only): it cannot stand in for a model that never saw that person; "
+                             "evaluate it on excluded identities, or retrain it excluding this one")
+        return load_mini_generator(folder, device)
     if cfg["backend"] == "mini":
         from .models.mini import load_mini_generator
 

@@ -3,8 +3,9 @@ import os
 import pandas as pd
 
 from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, plot_locality,
-                                    plot_neighbourhood)
-from idunlearn.audit.verdicts import identity_verdicts, paired_comparisons, verdict_markdown
+                                    plot_neighbourhood, plot_relearning_curves)
+from idunlearn.audit.verdicts import (identity_verdicts, paired_comparisons, reference_comparisons,
+                                      reference_markdown, verdict_markdown)
 from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
 from idunlearn.runlog import stage_log
 
@@ -21,13 +22,17 @@ with stage_log(snakemake.log[0], "audit_tables"):
     summary = audit_summary(table, params.seed)
     verdicts = identity_verdicts(table, **params.verdict)
     comparisons = paired_comparisons(table, params.reference, params.seed)
+    against_reference = reference_comparisons(table, params.verdict["reference"], params.seed)
     write_parquet(table, out.table)
     write_csv(table, out.csv)
     write_csv(summary, out.summary)
     write_csv(verdicts, out.verdicts)
     write_csv(comparisons, out.comparisons)
+    write_csv(against_reference, out.against_reference)
     with atomic_path(out.summary_md) as tmp:
         tmp.write_text(audit_markdown(summary, read_json(i.verification), table)
-                       + verdict_markdown(verdicts, comparisons, params.verdict))
+                       + verdict_markdown(verdicts, comparisons, params.verdict)
+                       + reference_markdown(against_reference))
     plot_neighbourhood(table, out.neighbourhood, params.seed)
     plot_locality(table, out.locality)
+    plot_relearning_curves(table, out.relearning_curves, params.seed)

@@ -18,9 +18,10 @@ with stage_log(snakemake.log[0], "evaluate") as log:
         selection.update(read_json(i.timings)["anchor"])
     manifest, faces = pd.read_parquet(i.manifest), pd.read_parquet(i.faces)
     labels, centroids = pd.read_parquet(i.labels), pd.read_parquet(i.centroids)
-    # the original model, an unlearning run's (input changed) or an external model's (input unet; selection's anchor)
-    model = {k: i[k] for k in ("changed", "unet") if k in i.keys()}
-    generator = load_generator(p.generator, p.device, **model)
+    # the original model, an unlearning run's (input changed) or an external model's (input unet, or folder: a whole
+    # generator such as the never-trained reference; selection's anchor)
+    model = {k: i[k] for k in ("changed", "unet", "folder") if k in i.keys()}
+    generator = load_generator(p.generator, p.device, **model, never_saw=selection["forget_identity"])
     analyser = build_face_analyser(p.faces, i.models)
     features, quality = build_features(cfg["kd"], analyser, p.device), build_quality(cfg["quality"])
     eval_set = evaluation_set(selection, faces, labels, cfg["n_forget_samples"], cfg["n_retain_samples"], p.seed)

@@ -14,6 +14,8 @@ then verified: the attack success rate.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 import torch
@@ -26,6 +28,7 @@ from ..identities import centroid_lookup
 from ..models.generator import IdentityGenerator
 from ..runlog import logs_duration
 from ..unlearning.adversarial import search_conditions
+from .heldout import heldout_seed
 from .probes import AUDIT_SEED_OFFSET, control_identity
 from .run import mean_row, share_row
 from .verification import verified
@@ -59,24 +62,28 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
 @logs_duration("embedding attack")
 def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame, manifest: pd.DataFrame,
                 faces: pd.DataFrame, labels: pd.DataFrame, selection: dict, cfg: dict, sampler_cfg: dict, tau: float,
-                seed: int, recognizer=None, second=None) -> list[dict]:
-    """The attack on the forget identity (probe ``attack``) and, as the control, on the first retain-validation
-    identity (``attack_control``), each from its own real images (forget-train images; the control identity's
+                seed: int, recognizer=None, second=None, probe: str = "attack",
+                seeds: Callable[[int], tuple[int, int]] | None = None) -> list[dict]:
+    """The attack on the forget identity (probe ``probe``) and, as the control, on the first retain-validation
+    identity (``<probe>_control``), each from its own real images (forget-train images; the control identity's
     images): the winner's samples verified as the attacked identity (fa), their ISM, the winner's cosine to the
     centroid and its loss; with ``second`` (an ``audit.second_recognizer.SecondRecognizer``) also the winner's samples
-    under the independent recognizer (fa_second, ism_second)."""
+    under the independent recognizer (fa_second, ism_second). ``seeds``: index (0 the forget identity, 1 the control)
+    -> (the search's seed, the first sample seed); by default the audit attack's, seed + index and
+    seed + 600000 + 1000 x index."""
+    seeds = seeds or (lambda index: (seed + index, seed + AUDIT_SEED_OFFSET + ATTACK_SEED_OFFSET + 1000 * index))
     cents = centroid_lookup(centroids)
     control, control_images = control_identity(selection, faces, labels)
     rows = []
-    for index, (probe, identity, images) in enumerate((
-            ("attack", selection["forget_identity"], sorted(selection["forget_train_images"])),
-            ("attack_control", control, control_images[:len(selection["forget_train_images"])]))):
+    for index, (name, identity, images) in enumerate((
+            (probe, selection["forget_identity"], sorted(selection["forget_train_images"])),
+            (f"{probe}_control", control, control_images[:len(selection["forget_train_images"])]))):
+        search_seed, base = seeds(index)
         found = attack_condition(generator, real_latents(generator, manifest, faces, images), cents[identity], cfg,
-                                 seed + index, recognizer)
-        base = seed + AUDIT_SEED_OFFSET + ATTACK_SEED_OFFSET + 1000 * index
+                                 search_seed, recognizer)
 
         def scored_from(embedding: np.ndarray, n: int, first_seed: int) -> tuple[pd.DataFrame, np.ndarray]:
-            table = pd.DataFrame({"sample_id": [f"{probe}_{i:02d}" for i in range(n)], "target_identity": identity,
+            table = pd.DataFrame({"sample_id": [f"{name}_{i:02d}" for i in range(n)], "target_identity": identity,
                                   "seed": first_seed + np.arange(n)})
             drawn = generate_samples(generator, np.repeat(embedding[None], n, axis=0), table["seed"],
                                      sampler_cfg["steps"], sampler_cfg["guidance"], sampler_cfg["batch_size"])
@@ -86,10 +93,24 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
             found = max(found["candidates"], key=lambda r: scored_from(
                 r["embedding"], cfg["select_samples"], base + 500)[0]["own_cosine"].mean())
         scored, drawn = scored_from(found["embedding"], cfg["samples"], base)  # fresh seeds: no selection bias
-        rows += [share_row(probe, "best", "fa", verified(scored, tau)), mean_row(probe, "best", "ism",
+        rows += [share_row(name, "best", "fa", verified(scored, tau)), mean_row(name, "best", "ism",
                  scored["own_cosine"])]
         if second is not None:
-            rows += second.rows(probe, "best", scored["target_identity"], drawn)
-        rows += [{"probe": probe, "setting": "best", "metric": metric, "value": found[metric], "ci_low": float("nan"),
+            rows += second.rows(name, "best", scored["target_identity"], drawn)
+        rows += [{"probe": name, "setting": "best", "metric": metric, "value": found[metric], "ci_low": float("nan"),
                   "ci_high": float("nan"), "n": 1} for metric in ("cosine", "loss")]
     return rows
+
+
+@logs_duration("held-out embedding attack")
+def heldout_attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame,
+                        manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame, selection: dict,
+                        attack_cfg: dict, cfg: dict, sampler_cfg: dict, tau: float, seed: int, recognizer=None,
+                        second=None) -> list[dict]:
+    """The held-out embedding attack (probe ``attack_heldout``): the audit attack's settings ``attack_cfg`` at
+    ``cfg['budget']`` x its steps with ``cfg['restarts']`` starts, every seed from the held-out stream."""
+    strong = {**attack_cfg, "steps": attack_cfg["steps"] * cfg["budget"], "restarts": cfg["restarts"]}
+    return attack_rows(generator, analyser, centroids, manifest, faces, labels, selection, strong, sampler_cfg, tau,
+                       seed, recognizer, second, probe="attack_heldout",
+                       seeds=lambda index: (heldout_seed(seed, "attack_heldout", index),
+                                            heldout_seed(seed, "attack_heldout", 10 + index)))

@@ -18,8 +18,10 @@ from ..faces.analyser import ok_embeddings
 from ..identities import centroid_lookup
 
 AUDIT_SEED_OFFSET = 200_000  # audit sample i uses seed + 200000 + i: apart from the evaluation's seeds
-# relearning, trajectory and attack take no conditions from here (relearning.py, trajectory.py, attack.py)
-PROBES = ("leak", "photo", "neighbourhood", "relearning", "trajectory", "attack")
+# relearning, trajectory and attack take no conditions from here (relearning.py, trajectory.py, attack.py), nor do the
+# held-out attacks (attack.py's attack_heldout, inversion.py, relearning_heldout.py)
+PROBES = ("leak", "photo", "neighbourhood", "relearning", "trajectory", "attack", "attack_heldout", "inversion",
+          "relearning_heldout")
 
 
 def control_identity(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame) -> tuple[int, list[str]]:
@@ -45,6 +47,10 @@ def probe_set(selection: dict, faces: pd.DataFrame, centroids: pd.DataFrame, cfg
     unknown = set(cfg) - set(PROBES)
     if unknown:
         raise ValueError(f"config key 'audit.probes': unknown probe(s) {sorted(unknown)}; use {', '.join(PROBES)}")
+    for heldout, base in (("attack_heldout", "attack"), ("relearning_heldout", "relearning")):
+        if heldout in cfg and base not in cfg:
+            raise ValueError(f"config key 'audit.probes.{heldout}' varies the {base} probe's settings; enable "
+                             f"audit.probes.{base} too")
     forget = selection["forget_identity"]
     emb = ok_embeddings(faces)
     cents = centroid_lookup(centroids)

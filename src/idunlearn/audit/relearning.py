@@ -30,15 +30,18 @@ CONTROL_SEED_OFFSET = 100_000  # the control identity's samples: apart from the 
 
 
 def relearn(generator: IdentityGenerator, latents: torch.Tensor, embeddings: np.ndarray, checkpoints, cfg: dict,
-            seed: int, measure: Callable[[IdentityGenerator], dict]) -> list[dict]:
+            seed: int, measure: Callable[[IdentityGenerator], dict],
+            params: list[torch.nn.Parameter] | None = None) -> list[dict]:
     """Fine-tune ``generator`` in place on (clean latent, own embedding) pairs and ``measure`` it at every step count
-    in ``checkpoints`` (0 measures the model as given). ``cfg``: regime, batch, lr (AdamW, no weight decay).
-    Returns one record per checkpoint: {"k": k, **measure(generator)}."""
+    in ``checkpoints`` (0 measures the model as given). ``cfg``: regime, batch, lr (AdamW, no weight decay);
+    ``params``: the tensors that train instead of the regime's (a LoRA adapter's). Returns one record per
+    checkpoint: {"k": k, **measure(generator)}."""
     steps = sorted({int(k) for k in checkpoints})
     if not steps or steps[0] < 0:
         raise ValueError(f"config key 'audit.probes.relearning.steps': non-negative step counts needed (got {steps})")
     generator.requires_grad_(False)
-    params = list(select_trainable(generator.unet, cfg["regime"]).values())
+    params = (list(select_trainable(generator.unet, cfg["regime"]).values()) if params is None
+              else [p.requires_grad_(True) for p in params])
     optimiser = attacker_optimiser(params, cfg["lr"])
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     records, done = [], 0
@@ -85,22 +88,47 @@ def relearning_rows(records: list[dict], probe: str, ism_before: float | None, n
     return rows
 
 
+def forget_measure(analyser: FaceAnalyser, selection: dict, faces: pd.DataFrame, labels: pd.DataFrame,
+                   centroids: pd.DataFrame, evaluation_cfg: dict, tau: float, seed: int):
+    """(measure, n): the evaluation's forget samples (same conditions and noise as the evaluation stage) as an
+    ``identity_measure``, and their number."""
+    evaluation = evaluation_set(selection, faces, labels, evaluation_cfg["n_forget_samples"],
+                                evaluation_cfg["n_retain_samples"], seed)
+    forget = (evaluation.table["kind"] == "forget").to_numpy()
+    return identity_measure(analyser, centroids, evaluation.table[forget].reset_index(drop=True),
+                            evaluation.embeddings[forget], evaluation_cfg, tau), int(forget.sum())
+
+
+def control_measure(analyser: FaceAnalyser, selection: dict, faces: pd.DataFrame, labels: pd.DataFrame,
+                    centroids: pd.DataFrame, evaluation_cfg: dict, tau: float, seed: int):
+    """(measure, n, images): Dirichlet mixtures of the control identity's (first retain-validation identity's) images
+    as an ``identity_measure``, their number, and the identity's embedded images."""
+    identity, images = control_identity(selection, faces, labels)
+    own = np.stack(ok_embeddings(faces).loc[images].to_numpy()).astype(np.float32)
+    n = evaluation_cfg["n_forget_samples"]
+    conditions = dirichlet_mixtures(own, n, np.random.default_rng([seed, identity, 11]))
+    table = pd.DataFrame({"sample_id": [f"control_{i:03d}" for i in range(n)], "target_identity": identity,
+                          "seed": seed + AUDIT_SEED_OFFSET + CONTROL_SEED_OFFSET + np.arange(n)})
+    return identity_measure(analyser, centroids, table, conditions, evaluation_cfg, tau), n, images
+
+
+def image_pairs(generator: IdentityGenerator, manifest: pd.DataFrame, faces: pd.DataFrame,
+                images: list[str]) -> tuple[torch.Tensor, np.ndarray]:
+    """(clean latents, own embeddings) of ``images``: what the attacker fine-tunes on."""
+    return (real_latents(generator, manifest, faces, images),
+            np.stack(ok_embeddings(faces).loc[images].to_numpy()).astype(np.float32))
+
+
 @logs_duration("relearning probe")
 def forget_relearning(generator: IdentityGenerator, analyser: FaceAnalyser, selection: dict, manifest: pd.DataFrame,
                       faces: pd.DataFrame, labels: pd.DataFrame, centroids: pd.DataFrame, evaluation_cfg: dict,
                       cfg: dict, tau: float, seed: int, ism_before: float) -> list[dict]:
     """Fine-tune ``generator`` (in place) on the first ``cfg['images']`` forget-train images and measure the
     evaluation's forget samples (same conditions and noise as the evaluation stage) at every k."""
-    evaluation = evaluation_set(selection, faces, labels, evaluation_cfg["n_forget_samples"],
-                                evaluation_cfg["n_retain_samples"], seed)
-    forget = (evaluation.table["kind"] == "forget").to_numpy()
+    measure, n = forget_measure(analyser, selection, faces, labels, centroids, evaluation_cfg, tau, seed)
     images = sorted(selection["forget_train_images"])[:cfg["images"]]
-    measure = identity_measure(analyser, centroids, evaluation.table[forget].reset_index(drop=True),
-                               evaluation.embeddings[forget], evaluation_cfg, tau)
-    records = relearn(generator, real_latents(generator, manifest, faces, images),
-                      np.stack(ok_embeddings(faces).loc[images].to_numpy()).astype(np.float32), cfg["steps"], cfg,
-                      seed, measure)
-    return relearning_rows(records, "relearning", ism_before, int(forget.sum()))
+    records = relearn(generator, *image_pairs(generator, manifest, faces, images), cfg["steps"], cfg, seed, measure)
+    return relearning_rows(records, "relearning", ism_before, n)
 
 
 @logs_duration("relearning probe (control)")
@@ -109,13 +137,7 @@ def control_relearning(generator: IdentityGenerator, analyser: FaceAnalyser, sel
                        evaluation_cfg: dict, cfg: dict, tau: float, seed: int) -> list[dict]:
     """The control: the same fine-tuning of ``generator`` (in place; the original model) on the first
     retain-validation identity, measured on Dirichlet mixtures of its images."""
-    identity, images = control_identity(selection, faces, labels)
-    own = np.stack(ok_embeddings(faces).loc[images].to_numpy()).astype(np.float32)
-    n = evaluation_cfg["n_forget_samples"]
-    conditions = dirichlet_mixtures(own, n, np.random.default_rng([seed, identity, 11]))
-    table = pd.DataFrame({"sample_id": [f"control_{i:03d}" for i in range(n)], "target_identity": identity,
-                          "seed": seed + AUDIT_SEED_OFFSET + CONTROL_SEED_OFFSET + np.arange(n)})
-    measure = identity_measure(analyser, centroids, table, conditions, evaluation_cfg, tau)
-    records = relearn(generator, real_latents(generator, manifest, faces, images[:cfg["images"]]),
-                      own[:cfg["images"]], cfg["steps"], cfg, seed, measure)
+    measure, n, images = control_measure(analyser, selection, faces, labels, centroids, evaluation_cfg, tau, seed)
+    records = relearn(generator, *image_pairs(generator, manifest, faces, images[:cfg["images"]]), cfg["steps"], cfg,
+                      seed, measure)
     return relearning_rows(records, "relearning_control", None, n)

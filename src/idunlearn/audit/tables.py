@@ -16,6 +16,7 @@ import pandas as pd  # noqa: E402
 
 from ..evaluation.statistics import bootstrap_mean  # noqa: E402
 from ..io import save_figure  # noqa: E402
+from .heldout import HELDOUT_RELEARNING  # noqa: E402
 
 ORIGINAL = "original"  # the run name of the original model's audit (the control)
 SUMMARY_COLUMNS = ["run", "probe", "setting", "metric", "mean", "ci_low", "ci_high", "n_identities"]
@@ -65,7 +66,19 @@ def headline(summary: pd.DataFrame) -> list[tuple[str, str, str, str]]:
                *([("attack", "best", "fa_second", "attack success (2nd recognizer)")] if second else []),
                ("attack_control", "best", "fa", "attack success (control identity)")]
               if (summary["probe"] == "attack").any() else []),  # the light audit runs no attack
+            *heldout_headline(summary, ks),
             ("evaluation", "retain", "verified", "retain verified")]
+
+
+def heldout_headline(summary: pd.DataFrame, ks) -> list[tuple[str, str, str, str]]:
+    """The held-out attacks' headline columns, where they ran: the strong embedding attack's and the inversion's
+    success, each held-out relearning variant's recovery at its largest k (the curves are in their figure)."""
+    probes = set(summary["probe"])
+    variants = sorted(p.split(":", 1)[1] for p in probes if p.startswith(f"{HELDOUT_RELEARNING}:"))
+    return [*([("attack_heldout", "best", "fa", "held-out attack success")] if "attack_heldout" in probes else []),
+            *([("inversion", "regenerated", "fa", "inversion FA")] if "inversion" in probes else []),
+            *[(f"{HELDOUT_RELEARNING}:{v}", f"k={ks(f'{HELDOUT_RELEARNING}:{v}')[-1]}", "recovery",
+               f"recovery {v} (k={ks(f'{HELDOUT_RELEARNING}:{v}')[-1]})") for v in variants]]
 
 
 def _cell(row) -> str:
@@ -100,6 +113,7 @@ def audit_markdown(summary: pd.DataFrame, tau: dict, table: pd.DataFrame | None 
                 cells.append("n/a")
         lines.append(f"| {run} | {n} | " + " | ".join(cells) + " |")
     lines += attack_control_lines(summary, table)
+    lines += heldout_control_lines(summary)
     lines += ["", "Cells: mean over forget identities (95% identity-bootstrap interval). FA: share of samples "
               "verified as the forget identity; Leak@k: share of forget conditions for which any of k seeds is "
               "verified; photo: every real image of the forget identity used alone as the condition; relearning "
@@ -146,6 +160,55 @@ def attack_control_lines(summary: pd.DataFrame, table: pd.DataFrame | None = Non
                  (f"; below the bound on {', '.join(str(i) for i in failed)}, where its results on unlearned models "
                   "mean little." if failed else "."))
     return ["", line]
+
+
+HELDOUT_CONTROLLED = (("attack_heldout", "best", "held-out embedding attack"),
+                      ("inversion", "regenerated", "inversion attack"))
+
+
+def heldout_control_lines(summary: pd.DataFrame) -> list[str]:
+    """Whether each held-out attack meets its control on the original model: its samples' ISM there at least
+    ``ATTACK_BOUND`` x the original's forget ISM (the embedding attack's bound); the relearning variants' control is
+    their own rows on the control identity (relearning_heldout_control)."""
+    indexed = summary.set_index(["run", "probe", "setting", "metric"])
+    before_key = (ORIGINAL, "evaluation", "forget", "ism")
+    lines = []
+    for probe, setting, title in HELDOUT_CONTROLLED:
+        key = (ORIGINAL, probe, setting, "ism")
+        if key not in indexed.index or before_key not in indexed.index:
+            continue
+        attacked, before = float(indexed.loc[key, "mean"]), float(indexed.loc[before_key, "mean"])
+        ratio = attacked / before if before > 0 else float("nan")
+        verdict = "passes" if ratio >= ATTACK_BOUND else "FAILS (too weak: its results on unlearned models mean little)"
+        lines += ["", f"Control of the {title}: on the original model its samples reach ISM {attacked:.3f}, "
+                      f"{ratio:.2f} x the original's forget ISM {before:.3f} (bound {ATTACK_BOUND}): it {verdict}."]
+    return lines
+
+
+def plot_relearning_curves(table: pd.DataFrame, path: str | Path, seed: int) -> None:
+    """Recovery against fine-tuning steps, one panel per relearning probe (the audit's and each held-out variant),
+    one line per run: mean over forget identities with its identity-bootstrap 95% band."""
+    part = table[((table["probe"] == "relearning") | table["probe"].str.startswith(f"{HELDOUT_RELEARNING}:"))
+                 & (table["metric"] == "recovery")]
+    probes = sorted(part["probe"].unique())
+    fig, axes = plt.subplots(1, max(1, len(probes)), figsize=(3.2 * max(1, len(probes)), 3.4), squeeze=False,
+                             sharey=True)
+    for ax, probe in zip(axes[0], probes):
+        for run, group in part[part["probe"] == probe].groupby("run", sort=True):
+            stats = [(int(s[2:]), *bootstrap_mean(g["value"].dropna(), seed)) for s, g in group.groupby("setting")]
+            k, mean, low, high = map(np.asarray, zip(*sorted(stats)))
+            line, = ax.plot(k, mean, marker="o", label=run)
+            ax.fill_between(k, low, high, alpha=0.15, color=line.get_color())
+        ax.set_title(probe.split(":", 1)[-1], fontsize=9)
+        ax.set_xlabel("fine-tuning steps k")
+        ax.axhline(1, color="k", linewidth=0.6, linestyle=":")
+    axes[0][0].set_ylabel("recovery (1 = back at the original)")
+    if probes:
+        axes[0][0].legend(fontsize=7)
+    else:
+        axes[0][0].text(0.5, 0.5, "no relearning probe ran", ha="center", va="center")
+    save_figure(fig, path)
+    plt.close(fig)
 
 
 def plot_neighbourhood(table: pd.DataFrame, path: str | Path, seed: int) -> None:

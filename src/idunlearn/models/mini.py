@@ -66,6 +66,16 @@ def save_mini_generator(generator: IdentityGenerator, folder: str | Path, metada
         tmp.write_text(json.dumps({"architecture": generator.architecture, **metadata}, indent=2) + "\n")
 
 
+def excluded_identities(folder: str | Path) -> list[int] | None:
+    """The identities a mini generator never read (its config.json's ``excluded_identities``: the never-trained
+    reference's), or None for a generator trained on everyone."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"mini generator checkpoint incomplete: {path} is missing")
+    excluded = json.loads(path.read_text()).get("excluded_identities")
+    return None if excluded is None else [int(i) for i in excluded]
+
+
 def load_mini_generator(folder: str | Path, device: str = "cpu") -> IdentityGenerator:
     folder = Path(folder)
     for name in ("model.safetensors", "config.json"):

@@ -7,13 +7,14 @@ from ..config import method_settings
 from .base import ClosedFormMethod, UnlearningMethod
 from .esd import ESD
 from .piu import PIU
+from .piu_meta import PIUMeta
 from .piu_robust import PIURobust
 from .siss import SISS
 from .uce import UCE
 from .wid import WID
 
 METHODS: dict[str, type[UnlearningMethod] | type[ClosedFormMethod]] = {
-    cls.name: cls for cls in (PIU, SISS, UCE, WID, ESD, PIURobust)}
+    cls.name: cls for cls in (PIU, SISS, UCE, WID, ESD, PIURobust, PIUMeta)}
 
 
 def build_method(name: str, params: dict) -> UnlearningMethod | ClosedFormMethod:
