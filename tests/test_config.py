@@ -30,11 +30,15 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     cfg = load_config(REPO / "config" / "config.yaml", merged)
     if "robust.yaml" in overlays:
         assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
-        assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta"] and "siss" in cfg["unlearning"]["runs"]
+        assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "retrain"]
+        assert "siss" in cfg["unlearning"]["runs"]
         # piu_meta is piu_robust's run (a YAML merge key) with its own method and meta-learning settings
         robust, meta = cfg["unlearning"]["runs"]["piu_robust"], cfg["unlearning"]["runs"]["piu_meta"]
         assert {k: v for k, v in meta.items() if k != "method" and not k.startswith("meta_")} == \
             {k: v for k, v in robust.items() if k != "method"} and meta["method"] == "piu_meta"
+    if "study.yaml" in overlays:  # the never-trained reference is audited as run retrain on the selection
+        assert {"name": "retrain", "generator": "reference", "identities": "selection"} in cfg["evaluation"]["external"]
+        assert "retrain" in cfg["audit"]["runs"] and cfg["audit"]["verdict"]["reference"] == "retrain"
     if "many.yaml" in overlays:  # the many stage's run is a declared one; off (null) without the overlay
         assert cfg["many"]["run"] in cfg["unlearning"]["runs"] and cfg["many"]["joint_sizes"] == [1, 2, 4, 8]
         assert load_config(REPO / "config" / "config.yaml")["many"]["run"] is None
