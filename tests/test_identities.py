@@ -74,7 +74,8 @@ def test_summary_scores_a_perfect_clustering():
     rng = np.random.default_rng(3)
     emb, truth = _three_people(rng)
     labels = cluster_identities(emb)
-    summary = clustering_summary(labels, nearest_neighbours(emb), n_images_total=16, true_labels=truth).set_index("metric")["value"]
+    summary = clustering_summary(labels, nearest_neighbours(emb), n_images_total=16, true_labels=truth)
+    summary = summary.set_index("metric")["value"]
     assert summary["adjusted_rand_index"] == 1.0 and summary["normalized_mutual_info"] == pytest.approx(1.0)
     assert summary["loo_1nn_accuracy"] == 1.0
     assert summary["images_total"] == 16 and summary["identities"] == 3 and summary["size_mean"] == 5

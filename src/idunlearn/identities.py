@@ -32,7 +32,7 @@ def l2_normalise(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def _float32_slack(dim: int) -> float:
-    """Bound on |float32 - float64| cosine of two unit vectors of length ``dim`` (input rounding plus a dim-term sum)."""
+    """Bound on |float32 - float64| cosine of two unit vectors of length ``dim`` (input rounding, a dim-term sum)."""
     return float((dim + 2) * np.finfo(np.float32).eps)
 
 
