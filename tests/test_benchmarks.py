@@ -5,14 +5,31 @@ No timing assertions: the numbers depend on the machine and on what else runs on
 
 from __future__ import annotations
 
+import copy
 import json
 
+import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
 
+import idunlearn.benchmarks as benchmarks
 from idunlearn.bench_cli import main
-from idunlearn.benchmarks import benchmark_piu, benchmark_preset, kernel_kind
+from idunlearn.benchmarks import (
+    OPTIMISER_COMPARISON, _plain_attention, _setup, benchmark_optimisers, benchmark_optimisers_preset, benchmark_piu,
+    benchmark_preset, default_run_settings, kernel_kind,
+)
+from idunlearn.config import resolve_run_settings
 from idunlearn.models.arc2face import tiny_arc2face
+from idunlearn.models.mini import build_mini_generator
+from idunlearn.unlearning import build_method
+from idunlearn.unlearning.optimisers import build_optimiser
+
+# a UNet far smaller than the tiny preset's, 16 px so that training steps at batch 1 can group-norm its deepest maps
+SMALL_UNET = {"image_size": 16, "text_width": 32, "text_heads": 2, "block_out_channels": [32, 32, 32, 32],
+              "layers_per_block": 1}
 
 
 def test_tiny_preset_through_the_cli_writes_a_sane_record(tmp_path):
@@ -103,3 +120,80 @@ def test_profiled_step_splits_into_kinds_that_add_up_and_see_attention_and_convo
 def test_profile_is_refused_off_the_cpu():
     with pytest.raises(ValueError, match="device cpu"):
         benchmark_piu(tiny_arc2face(), 1, 1, 1, device="meta", warmup=0, profile_steps=1)
+
+
+# --- optimiser benchmark: FLOPs from small batches, extrapolated ----------------------------------------------------
+
+class _LargestTensor(TorchDispatchMode):
+    """Bytes of the largest tensor any op returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.bytes = max([self.bytes, *sizes])
+        return out
+
+
+def test_optimiser_flops_at_the_paper_batch_need_no_more_memory_than_at_one_plus_one(monkeypatch):
+    """The paper preset's batches (32 + 32) on a small UNet: the FLOP counting (the only place with explicit
+    attention, whose scores outgrew a 140 GB GPU at the paper batch) must hold no larger tensor than at 1 + 1."""
+    largest = []
+
+    class CountingWithProbe(FlopCounterMode):  # what the benchmark counts under, with a probe on every op
+        def __enter__(self):
+            self.probe = _LargestTensor()
+            result = super().__enter__()
+            self.probe.__enter__()
+            return result
+
+        def __exit__(self, *args):
+            self.probe.__exit__(*args)
+            largest.append(self.probe.bytes)
+            return super().__exit__(*args)
+
+    monkeypatch.setattr(benchmarks, "FlopCounterMode", CountingWithProbe)
+    monkeypatch.setitem(benchmarks.PRESETS, "paper", {**benchmarks.PRESETS["paper"],
+                                                      "build": lambda seed: build_mini_generator(SMALL_UNET)})
+    peaks, counted_steps = {}, {}
+    for batch in (None, 1):  # None: the preset's 32 + 32
+        largest.clear()
+        record = benchmark_optimisers_preset("paper", 1, "cpu", optimisers=("weighted_sum",), warmup=0,
+                                             forget_batch=batch, retain_batch=batch)
+        assert record["forget_batch"] == record["retain_batch"] == (batch or 32)
+        assert record["optimisers"]["weighted_sum"]["flops_per_step"] > 0
+        peaks[batch], counted_steps[batch] = max(largest), len(largest)
+    assert peaks[None] <= peaks[1]
+    assert counted_steps == {None: 3, 1: 3}  # batches (1, 1), (2, 1), (1, 2) whatever the batch
+
+
+def _first_step_flops_at_full_batch(generator, optimiser: str, forget_batch: int, retain_batch: int) -> int:
+    """FlopCounterMode (explicit attention) on one optimiser's first step run at the whole batch itself."""
+    _, cfg, data, teacher, params, autocast = _setup(generator, 1, forget_batch, retain_batch, "surgical", "cpu",
+                                                     "fp32", 0, None, 0)
+    generator.unet.train()
+    method = build_method(cfg["method"], cfg)
+    with _plain_attention(generator.unet, teacher), FlopCounterMode(display=False) as counter:
+        with autocast():
+            objectives = method.objectives(generator, teacher, data, np.random.default_rng(0),
+                                           torch.Generator().manual_seed(0))
+        build_optimiser(params, resolve_run_settings({**default_run_settings(), "optimiser": optimiser})).step(
+            objectives)
+    return counter.get_total_flops()
+
+
+def test_extrapolated_optimiser_flops_equal_a_count_at_the_whole_batch():
+    torch.manual_seed(0)
+    generator = build_mini_generator(SMALL_UNET)
+    record = benchmark_optimisers(copy.deepcopy(generator), 1, 3, 2, device="cpu", warmup=0)["optimisers"]
+    for name in OPTIMISER_COMPARISON:
+        counted = _first_step_flops_at_full_batch(copy.deepcopy(generator), name, 3, 2)
+        assert record[name]["flops_per_step"] == counted > 0, name
+        per_sample = record[name]["flops_per_sample"]
+        assert per_sample["forget"] > 0 and per_sample["retain"] > 0
+    # EUPMU's extra student forward is on the retain batch only
+    assert record["eupmu"]["flops_per_sample"]["retain"] > record["weighted_sum"]["flops_per_sample"]["retain"]
+    assert record["eupmu"]["flops_per_sample"]["forget"] == record["weighted_sum"]["flops_per_sample"]["forget"]

@@ -456,8 +456,9 @@ def test_optimiser_benchmark_runs_all_optimisers_on_the_same_batches_and_restore
 
     from idunlearn.benchmarks import OPTIMISER_COMPARISON, _plain_attention, benchmark_optimisers
 
-    torch.manual_seed(0)  # a UNet smaller than the tiny preset's (FLOP counting is slow); 512-d identity slot
-    generator = build_mini_generator({**TINY, "text_width": 512, "text_heads": 8, "text_layers": 1})
+    torch.manual_seed(0)  # a UNet smaller than the tiny preset's (FLOP counting is slow); 512-d identity slot;
+    # 16 px so that its 2 x 2 deepest maps can be group-normed in training at batch 1, where FLOPs are counted
+    generator = build_mini_generator({**TINY, "image_size": 16, "text_width": 512, "text_heads": 8, "text_layers": 1})
     before = {n: p.detach().clone() for n, p in generator.unet.named_parameters()}
     result = benchmark_optimisers(generator, 1, 2, 2, device="cpu", warmup=0)
     rows = result["optimisers"]

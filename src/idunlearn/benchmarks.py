@@ -148,6 +148,24 @@ def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_b
     return device, cfg, data, teacher, params, partial(forward_autocast, dtype, device)
 
 
+def _linear_flops(step, forget_batch: int, retain_batch: int, *unets) -> dict:
+    """FLOPs of ``step(forget_batch, retain_batch)`` without a step at that batch: FlopCounterMode on steps at batches
+    (1, 1), (2, 1) and (1, 2), extrapolated linearly (a step's work is per forget sample, per retain sample, plus a
+    fixed part such as the optimiser update). The counted steps use explicit attention (SDPA's CPU kernel counts as
+    0), whose score matrices at the paper batch (64 samples x 4096 latent tokens) outgrow a 140 GB GPU."""
+
+    def counted(n_forget: int, n_retain: int) -> int:
+        with FlopCounterMode(display=False) as counter:
+            step(n_forget, n_retain)
+        return counter.get_total_flops()
+
+    with _plain_attention(*unets):
+        base = counted(1, 1)
+        per_forget, per_retain = counted(2, 1) - base, counted(1, 2) - base
+    return {"flops_per_step": int(base + (forget_batch - 1) * per_forget + (retain_batch - 1) * per_retain),
+            "flops_per_sample": {"base_1_1": int(base), "forget": int(per_forget), "retain": int(per_retain)}}
+
+
 # kinds of kernel a step's time is split into, as regular expressions on profiler op names (first match wins; the
 # rest is "other": pointwise ops, norms, autograd bookkeeping, Python and profiler overhead)
 KERNEL_KINDS = (
@@ -190,8 +208,8 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
     dtype "bf16": as the run setting precision bf16 (models/precision.py: bf16 autocast around the forward passes,
     attention in fp32, parameters and AdamW state fp32). ``settings``: PIU and
     optimiser settings (default: the config schema's unlearning defaults). FLOPs come from FlopCounterMode on
-    steps at batches (1, 1), (2, 1) and (1, 2), extrapolated linearly (every cost of a step is per-sample except
-    the optimiser update, which counts no FLOPs); text-encoder SDPA attention is not counted on CPU (<1% of a step).
+    steps at batches (1, 1), (2, 1) and (1, 2), extrapolated linearly (``_linear_flops``); text-encoder SDPA
+    attention is not counted on CPU (<1% of a step).
     ``profile_steps`` > 0: that many more steps under the profiler, their time split by kernel kind
     (``profile_breakdown``), with each kind's seconds projected to ``projected_steps``.
     """
@@ -209,15 +227,7 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
             objectives = method.objectives(generator, teacher, data, rng, gen)
         optimiser.step(objectives)
 
-    def counted(n_forget: int, n_retain: int) -> int:
-        with FlopCounterMode(display=False) as counter:
-            step(n_forget, n_retain)
-        return counter.get_total_flops()
-
-    with _plain_attention(generator.unet, teacher):
-        base = counted(1, 1)
-        per_forget, per_retain = counted(2, 1) - base, counted(1, 2) - base
-    flops = base + (forget_batch - 1) * per_forget + (retain_batch - 1) * per_retain
+    flops = _linear_flops(step, forget_batch, retain_batch, generator.unet, teacher)
 
     seconds = []
     with training_precision(dtype, generator.unet, teacher):
@@ -248,9 +258,8 @@ def benchmark_piu(generator: IdentityGenerator, steps: int, forget_batch: int, r
         "compile": compile, "warmup_steps": warmup, "timed_steps": steps, "seconds_per_step": per_step,
         "seconds_per_step_all": seconds, "projected_steps": projected_steps,
         "projected_seconds_per_identity": per_step * projected_steps, "peak_memory_bytes": int(peak),
-        "peak_memory_source": peak_source, "flops_per_step": int(flops),
-        "flops_per_sample": {"base_1_1": int(base), "forget": int(per_forget), "retain": int(per_retain)},
-        "achieved_tflops": flops / per_step / 1e12, "reference_matmul_tflops": matmul_tflops(device),
+        "peak_memory_source": peak_source, **flops,
+        "achieved_tflops": flops["flops_per_step"] / per_step / 1e12, "reference_matmul_tflops": matmul_tflops(device),
         "unet_parameters": sum(p.numel() for p in generator.unet.parameters()),
         "trainable_parameters": sum(p.numel() for p in params),
         "settings": {k: cfg[k] for k in ("method", "optimiser", "eta", "lambda", "lr", "weight_decay")},
@@ -327,9 +336,10 @@ def benchmark_optimisers(generator: IdentityGenerator, steps: int, forget_batch:
     Every optimiser starts from ``generator``'s weights and draws the same batches (its own random streams from
     ``seed``); the optimisers take turns step by step, each round starting with the next one, so that changing load
     on the machine hits them alike. Between turns each optimiser's trainable weights wait in a copy; swapping them
-    and clearing gradients is not timed. Each optimiser's first step is untimed and counts FLOPs (FlopCounterMode
-    with explicit attention, as ``benchmark_piu``): a load-independent measure of the extra work. The generator's
-    weights are restored at the end. Reported per optimiser: median seconds per step, FLOPs per step and their
+    and clearing gradients is not timed; each optimiser's first step is untimed. FLOPs per step, a load-independent
+    measure of the extra work, are those of each optimiser's first step from the initial weights, counted at small
+    batches and extrapolated (``_linear_flops``, as ``benchmark_piu``). The generator's weights are restored at the
+    end. Reported per optimiser: median seconds per step, FLOPs per step (with the per-sample parts) and their
     ratios to ``weighted_sum``, backward and extra forward passes per step (as the optimiser counts them), the peak
     memory of a step and its rise over the memory in use before the step.
     """
@@ -349,41 +359,47 @@ def benchmark_optimisers(generator: IdentityGenerator, steps: int, forget_batch:
             for name in optimisers}
     probe = _MemoryProbe(device)
     generator.unet.train()
+
+    def load(weights) -> None:
+        with torch.no_grad():
+            for param, weight in zip(params, weights):
+                param.copy_(weight)
+                param.grad = None
+
+    def first_step(name: str, n_forget: int, n_retain: int) -> None:
+        """``name``'s first step at this batch: initial weights, a fresh optimiser, streams from ``seed``."""
+        load(initial)
+        at_batch = build_method(cfg["method"], {**cfg, "forget_batch": n_forget, "retain_batch": n_retain})
+        with autocast():
+            objectives = at_batch.objectives(generator, teacher, data, np.random.default_rng(seed),
+                                             torch.Generator().manual_seed(seed))
+        build_optimiser(params, own[name]).step(objectives)
+
+    for name, run in runs.items():
+        run.update(_linear_flops(partial(first_step, name), forget_batch, retain_batch, generator.unet, teacher))
     with training_precision(dtype, generator.unet, teacher):
-        for turn in range(1 + warmup + steps):  # turn 0 counts FLOPs (explicit attention), then warmup, then timed
-            counting = turn == 0
+        for turn in range(1 + warmup + steps):  # turn 0 and the warmup turns are untimed
             for name in optimisers[turn % len(optimisers):] + optimisers[:turn % len(optimisers)]:
                 run = runs[name]
-                with torch.no_grad():
-                    for param, weight in zip(params, run["weights"]):
-                        param.copy_(weight)
-                        param.grad = None
-                flops = FlopCounterMode(display=False) if counting else contextlib.nullcontext()
-                attention = _plain_attention(generator.unet, teacher) if counting else contextlib.nullcontext()
+                load(run["weights"])
                 _synchronize(device)
                 before = probe.start()
                 tick = time.perf_counter()
-                with attention, flops:
-                    with autocast():
-                        objectives = method.objectives(generator, teacher, data, run["rng"], run["gen"])
-                    row = run["optimiser"].step(objectives)
-                    del objectives
+                with autocast():
+                    objectives = method.objectives(generator, teacher, data, run["rng"], run["gen"])
+                row = run["optimiser"].step(objectives)
+                del objectives
                 _synchronize(device)
                 seconds, peak = time.perf_counter() - tick, probe.peak()
                 with torch.no_grad():
                     for weight, param in zip(run["weights"], params):
                         weight.copy_(param)
                 run["rows"].append(row)
-                if counting:
-                    run["flops"] = flops.get_total_flops()
-                elif turn > warmup:
+                if turn > warmup:
                     run["seconds"].append(seconds)
                     run["peak"].append(peak)
                     run["rise"].append(None if peak is None else peak - before)
-    with torch.no_grad():
-        for param, weight in zip(params, initial):
-            param.copy_(weight)
-            param.grad = None
+    load(initial)
     generator.unet.eval()
 
     results = {}
@@ -391,7 +407,7 @@ def benchmark_optimisers(generator: IdentityGenerator, steps: int, forget_batch:
         timed = run["rows"][1 + warmup:]
         results[name] = {
             "seconds_per_step": statistics.median(run["seconds"]), "seconds_per_step_all": run["seconds"],
-            "flops_per_step": int(run["flops"]),
+            "flops_per_step": run["flops_per_step"], "flops_per_sample": run["flops_per_sample"],
             "backward_passes_per_step": statistics.mean(r["backward_passes"] for r in timed),
             "extra_forward_passes_per_step": statistics.mean(r.get("extra_forward_passes", 0) for r in timed),
             "peak_memory_bytes": None if run["peak"][0] is None else max(run["peak"]),
