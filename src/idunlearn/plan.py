@@ -104,22 +104,20 @@ class PlannedJob:
 # Snakemake's DAG
 
 
-def _dry_run_jobs(snakefile: Path, workdir: Path, configfiles: list[Path], profile: Path | None,
-                  targets: list[str]) -> tuple[list[dict], dict]:
-    """Every job of one dry run (rule, wildcards, resources, params, outputs, whether a checkpoint, dependencies),
-    topologically sorted, and the workflow's merged config."""
+@contextlib.contextmanager
+def dry_run(snakefile: Path, workdir: Path, configfiles: list[Path], profiles: list[Path], targets: list[str]):
+    """A Snakemake dry run in this process with ``profiles`` applied exactly as on the command line; yields the
+    workflow (its ``dag`` holds the Job objects) and the parsed command line."""
     from snakemake.api import SnakemakeApi
     from snakemake.cli import parse_args
-    from snakemake.io import is_flagged
     from snakemake.settings.enums import Quietness
     from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
                                           ResourceSettings, StorageSettings)
 
     argv = ["--snakefile", str(snakefile), "--directory", str(workdir), "--dry-run"]
-    if profile is not None:
+    for profile in profiles:
         argv += ["--profile", str(profile)]
-    argv += ["--configfile", *map(str, configfiles), "--", *targets]
-    _, args = parse_args(argv)  # the profile applied exactly as on the command line
+    _, args = parse_args([*argv, "--configfile", *map(str, configfiles), "--", *targets])
     with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
         # cores=None as for a remote executor: threads and resources are not capped by this machine
         workflow_api = api.workflow(
@@ -130,10 +128,19 @@ def _dry_run_jobs(snakefile: Path, workdir: Path, configfiles: list[Path], profi
             storage_settings=StorageSettings(), snakefile=Path(args.snakefile), workdir=Path(args.directory))
         workflow_api.dag(DAGSettings(targets=set(args.targets))).execute_workflow(
             executor="dryrun", execution_settings=ExecutionSettings(lock=False))
-        workflow = workflow_api._workflow
+        yield workflow_api._workflow, args
+
+
+def _dry_run_jobs(snakefile: Path, workdir: Path, configfiles: list[Path], profile: Path | None,
+                  targets: list[str]) -> tuple[list[dict], dict]:
+    """Every job of one dry run (rule, wildcards, resources, params, outputs, whether a checkpoint, dependencies),
+    topologically sorted, and the workflow's merged config and the profile's job limit."""
+    from snakemake.io import is_flagged
+
+    with dry_run(snakefile, workdir, configfiles, [profile] if profile else [], targets) as (workflow, args):
         dag = workflow.dag
-        jobs = list(dag.toposorted(list(dag.needrun_jobs(exclude_finished=False))))
-        flat = [job for level in jobs for job in (level if isinstance(level, (list, set, tuple)) else [level])]
+        levels = list(dag.toposorted(list(dag.needrun_jobs(exclude_finished=False))))
+        flat = [job for level in levels for job in (level if isinstance(level, (list, set, tuple)) else [level])]
         index = {job: i for i, job in enumerate(flat)}
         out = []
         for job in flat:
@@ -142,12 +149,11 @@ def _dry_run_jobs(snakefile: Path, workdir: Path, configfiles: list[Path], profi
                         # inputs still to be determined by a checkpoint (shown as <TBD>): asked for by name next round
                         "undetermined": any(is_flagged(f, "checkpoint_target") for f in job.input),
                         "gpus": int(resources.get("gpu", 0) or 0), "runtime": resources.get("runtime"),
-                        "params": {k: v for k, v in job.params.items()},
+                        "params": dict(job.params.items()),
                         "outputs": [str(Path(workdir, f)) for f in job.output],
                         "directories": [str(Path(workdir, f)) for f in job.output if f.is_directory],
                         "dependencies": [index[d] for d in dag.job_dependencies(job) if d in index]})
-        profile_jobs = args.jobs
-        return out, {"config": copy.deepcopy(dict(workflow.config)), "profile_jobs": profile_jobs}
+        return out, {"config": copy.deepcopy(dict(workflow.config)), "profile_jobs": args.jobs}
 
 
 def _materialise(jobs: list[dict], wanted: set[int], config: dict) -> None:
@@ -305,8 +311,9 @@ def job_seconds(job: PlannedJob, found: dict, config: dict) -> float | None:
     """
     stage = job.stage
     run = job.params.get("run") if isinstance(job.params.get("run"), dict) else {}
-    precision = run.get("precision") or "fp32"
-    row = found.get((stage, precision)) or (found.get((stage, "bf16")) if stage in ("audit", "export") else None)
+    # only training has a precision setting; evaluation, audit and export jobs run the generator's fp32 weights
+    precision = (run.get("precision") or "fp32") if stage == "unlearn" else "fp32"
+    row = found.get((stage, precision))
     if row is None:
         return None
     if stage == "unlearn":
@@ -411,13 +418,27 @@ def format_plan(result: dict, configfiles: list[str], found: dict) -> str:
     return "\n".join(lines)
 
 
-def study_extra(configfiles: list[Path]) -> dict:
-    """--study: the study overlay keeps the paper config's number of forget identities (the overlay's 12 are the
-    offline world's budget)."""
-    n_forget = None
-    for path in ["config/config.yaml", *configfiles]:
-        n_forget = (yaml.safe_load(Path(path).read_text()) or {}).get("selection", {}).get("n_forget", n_forget)
-    return {"selection": {"n_forget": n_forget}}
+def study_extra(configfiles: list[Path], overlay: Path = Path(STUDY_OVERLAY)) -> dict:
+    """--study: the config the study ``overlay`` needs on top of the paper ``configfiles``. It keeps the paper
+    config's number of forget identities (the last ``selection.n_forget`` of ``configfiles``; the overlay's 12 are
+    the offline world's budget) and leaves out the overlay's whole-generator external models (the never-trained
+    reference is the mini world's: no Arc2Face is retrained without the forget identities) and their audit runs."""
+    counts = [((yaml.safe_load(Path(path).read_text()) or {}).get("selection") or {}).get("n_forget")
+              for path in configfiles]
+    counts = [n for n in counts if n is not None]
+    if not counts:
+        raise ValueError(f"plan --study: none of {[str(p) for p in configfiles]} sets selection.n_forget; give the "
+                         "paper config (config/celebahq.yaml) first")
+    extra: dict = {"selection": {"n_forget": counts[-1]}}
+    study = yaml.safe_load(Path(overlay).read_text()) or {}
+    external = (study.get("evaluation") or {}).get("external") or []
+    whole = {entry["name"] for entry in external if "generator" in entry}
+    if whole:
+        extra["evaluation"] = {"external": [entry for entry in external if entry["name"] not in whole]}
+        runs = (study.get("audit") or {}).get("runs")
+        if runs:
+            extra["audit"] = {"runs": [run for run in runs if run not in whole]}
+    return extra
 
 
 HELP = ("Jobs per rule and run from Snakemake's DAG, GPU-hours per stage from benchmark records, wall time on 1, 8 "
@@ -438,7 +459,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def run_plan(args: argparse.Namespace) -> dict:
     configfiles = [Path(c) for c in args.configfile] + ([Path(STUDY_OVERLAY)] if args.study else [])
-    extra = study_extra(list(map(Path, args.configfile))) if args.study else None
+    extra = study_extra(list(map(Path, args.configfile)), Path(STUDY_OVERLAY)) if args.study else None
     with (contextlib.nullcontext(args.scratch) if args.scratch else tempfile.TemporaryDirectory()) as scratch:
         jobs, meta = resolve_jobs(configfiles, Path(scratch).resolve(), profile=Path(args.profile).resolve(),
                                   targets=tuple(args.targets), extra=extra)
