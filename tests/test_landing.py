@@ -3,6 +3,8 @@ verdicts with the reason and the deciding command; valid reStructuredText for Sn
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pandas as pd
 from PIL import Image
@@ -52,9 +54,10 @@ def test_landing_page_is_valid_rst_with_a_grid_per_run_and_the_verdicts_reason(t
     from docutils.core import publish_parts
 
     grids = {}
-    for shade, run in enumerate(("b", "a")):
+    for seed, run in enumerate(("b", "a")):  # noise: PNGs whose data URIs exceed docutils' 10,000-character lines
         grids[run] = tmp_path / f"{run}.png"
-        Image.new("L", (8, 4), color=100 * shade).save(grids[run])
+        Image.fromarray(np.random.default_rng(seed).integers(0, 255, (100, 120), np.uint8)).save(grids[run])
+        assert grids[run].stat().st_size > 10_000
     verdicts = pd.DataFrame({"run": ["b", "b"], "identity": [1, 2], "verdict": [UNDETERMINED] * 2,
                              "reason": [NO_ATTACK] * 2})
     text = landing_rst(long_summary(), grids, audit_summary(), verdicts, [1, 2])
@@ -63,4 +66,6 @@ def test_landing_page_is_valid_rst_with_a_grid_per_run_and_the_verdicts_reason(t
     assert f"undetermined 2: {NO_ATTACK}" in text and f"``{DECIDE_COMMAND}``" in text
     html = publish_parts(text, writer="html", settings_overrides={"report_level": 2})["html_body"]
     assert "system-message" not in html and html.count('src="data:image/png;base64,') == 2
+    for grid in grids.values():  # each picture whole, its URI without the wrapping's whitespace
+        assert f'src="data:image/png;base64,{base64.b64encode(grid.read_bytes()).decode()}"' in html
     assert html.count("<tr>") == 4  # header, original, b, a

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import math
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -62,10 +63,13 @@ def headline_rows(long: pd.DataFrame, audit: pd.DataFrame | None, runs: list[str
     return rows
 
 
-def embedded_image(path: Path) -> str:
+def embedded_image(path: Path, width: int = 76) -> str:
     """An image directive whose target is the PNG itself as a data URI: the page carries its pictures (the report's
-    own ``embeddedimage`` directive leaves the file path in the page, which the standalone report.html cannot reach)."""
-    return f".. image:: data:image/png;base64,{base64.b64encode(Path(path).read_bytes()).decode()}"
+    own ``embeddedimage`` directive leaves the file path in the page, which the standalone report.html cannot reach).
+    The URI is wrapped at ``width`` characters (docutils drops lines over 10,000 characters; it removes the
+    whitespace from a URI that spans lines)."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return "\n   ".join([".. image:: data:image/png;base64,", *textwrap.wrap(data, width)])
 
 
 def _csv_table(rows: list[list[str]]) -> list[str]:
