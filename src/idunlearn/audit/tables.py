@@ -123,7 +123,13 @@ def audit_markdown(summary: pd.DataFrame, tau: dict, table: pd.DataFrame | None 
               "own condition; attack success: share of the samples drawn from the attack's condition that are "
               "verified as the forget identity. 2nd recognizer: the same samples verified by an independent recognizer "
               "(dlib's ResNet descriptor, its own centroids and threshold at the same false-accept rate) that no "
-              "method and no attack uses. The original model's row is the control: what there was to forget."]
+              "method and no attack uses. Held-out attacks (never inside any method's training, seeds of their "
+              "own): the embedding attack at a multiple of the budget with more restarts; inversion FA: real "
+              "forget-validation photos inverted to noise by the model (DDIM) and regenerated; recovery <variant>: "
+              "the relearning "
+              "variants (learning rate x0.1 / x10, LoRA on the cross-attention, benign fine-tuning on other people's "
+              "photos), curves in figures/audit/relearning_curves.png. The original model's row is the control: what "
+              "there was to forget."]
     return "\n".join(lines) + "\n"
 
 
@@ -207,6 +213,7 @@ def plot_relearning_curves(table: pd.DataFrame, path: str | Path, seed: int) -> 
         axes[0][0].legend(fontsize=7)
     else:
         axes[0][0].text(0.5, 0.5, "no relearning probe ran", ha="center", va="center")
+    fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
 
