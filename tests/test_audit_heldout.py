@@ -165,3 +165,30 @@ def test_verdicts_compare_with_the_never_trained_reference():
     assert compared.loc[("removes", "attack", "fa"), "finding"] == "as the reference"
     assert (compared["p_holm"] >= compared["p_wilcoxon"] - 1e-12).all()
     assert reference_comparisons(table, None, seed=0).empty
+
+
+def test_audit_page_shows_the_heldout_attacks_their_controls_and_the_recovery_curves(tmp_path):
+    from idunlearn.audit.tables import audit_markdown, audit_summary, plot_relearning_curves
+
+    rows = []
+    for identity in range(3):
+        for run, forget_ism, inverted in (("original", 0.8, 0.78), ("piu", 0.2, 0.1)):
+            base = {"run": run, "identity": identity, "ci_low": np.nan, "ci_high": np.nan, "n": 4, "cosine": np.nan}
+            rows += [{**base, "probe": "evaluation", "setting": "forget", "metric": "ism", "value": forget_ism},
+                     {**base, "probe": "attack_heldout", "setting": "best", "metric": "ism", "value": 0.5},
+                     {**base, "probe": "attack_heldout", "setting": "best", "metric": "fa", "value": 0.25},
+                     {**base, "probe": "inversion", "setting": "regenerated", "metric": "ism", "value": inverted},
+                     {**base, "probe": "inversion", "setting": "regenerated", "metric": "fa", "value": 1.0}]
+        for k, recovered in ((0, 0.0), (10, 0.3), (200, 0.9)):
+            rows.append({"run": "piu", "identity": identity, "probe": "relearning_heldout:lora_r4",
+                         "setting": f"k={k}", "metric": "recovery", "value": recovered + 0.01 * identity,
+                         "ci_low": np.nan, "ci_high": np.nan, "n": 4, "cosine": np.nan})
+    table = pd.DataFrame(rows)
+    page = audit_markdown(audit_summary(table, seed=0), {"tau": 0.4, "far_target": 0.01, "far_heldout": 0.01})
+    assert "held-out attack success" in page and "inversion FA" in page and "recovery lora_r4 (k=200)" in page
+    # the inversion redraws the person on the original model (0.78 / 0.8): it passes; the embedding attack does not
+    assert "Control of the inversion attack" in page and "0.97 x" in page
+    held = next(line for line in page.splitlines() if line.startswith("Control of the held-out embedding attack"))
+    assert "FAILS" in held
+    plot_relearning_curves(table, tmp_path / "curves.png", seed=0)
+    assert (tmp_path / "curves.png").stat().st_size > 0
