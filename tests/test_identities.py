@@ -7,8 +7,8 @@ from sklearn.metrics import adjusted_rand_score
 
 import idunlearn.identities as identities
 from idunlearn.identities import (
-    cluster_identities, clustering_summary, histogram_modes, identity_centroids,
-    leave_one_out_1nn_accuracy, nearest_neighbours, run_identity_stage,
+    cluster_identities, clustering_summary, dbscan_identities, histogram_modes, identity_centroids,
+    leave_one_out_1nn_accuracy, nearest_neighbours, neighbourhoods, run_identity_stage,
 )
 
 
@@ -169,6 +169,10 @@ def test_dbscan_on_the_radius_graph_gives_the_cosine_metric_labels(block_rows, e
     labels = cluster_identities(x, eps, min_samples, block_rows=block_rows)
     reference = _dbscan_with_cosine_metric(x, eps, min_samples)
     assert labels.tolist() == reference
+    # the stage's single pass: the same labels and, from the same blocks, the nearest neighbours
+    scan = neighbourhoods(x, eps, block_rows)
+    assert dbscan_identities(scan.radius_graph, eps, min_samples).tolist() == reference
+    assert scan.nearest.index.tolist() == _full_matrix_nearest(x)[0].tolist()
     assert 1 < len(set(reference)) < len(x)  # the data gives DBSCAN clusters, borders and noise to decide
 
 

@@ -1,9 +1,9 @@
 """Identity discovery: DBSCAN over face embeddings (PIU Section 4 and appendix A), centroids (eq. 5), diagnostics.
 
-Every all-pairs step (DBSCAN's neighbourhoods, the nearest-neighbour histogram, leave-one-out 1-NN) works in float32
-row blocks against the whole array, never holding an N x N matrix nor forming a same-array product (OpenBLAS's
-symmetric path segfaults on float64 ``emb @ emb.T`` from about 20,000 rows; CelebA-HQ has 28,000 images). The few
-pairs that float32 rounding could misorder are rescored in float64, so results equal the exact float64 ones.
+Every all-pairs step (DBSCAN's neighbourhoods, the nearest-neighbour histogram, leave-one-out 1-NN) comes from one
+pass of float32 row blocks against the whole array, never holding an N x N matrix nor forming a same-array product
+(OpenBLAS's symmetric path segfaults on float64 ``emb @ emb.T`` from about 20,000 rows; CelebA-HQ has 28,000 images).
+The few pairs that float32 rounding could misorder are rescored in float64, so results equal the exact float64 ones.
 """
 
 from __future__ import annotations
@@ -53,47 +53,96 @@ def _pair_cosines(unit: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.nd
     return np.einsum("ij,ij->i", unit[rows], unit[cols])
 
 
-def cosine_radius_graph(unit: np.ndarray, eps: float, block_rows: int | None = None) -> sparse.csr_matrix:
-    """Sparse cosine distances (1 - cos, clipped to [0, 2] as scikit-learn's cosine metric) of every pair <= eps.
-
-    Self pairs are stored as explicit zeros. Memory grows with the number of pairs, not with N squared.
-    """
-    n, slack = len(unit), _float32_slack(unit.shape[1])
-    found, pairs = [], 0
-    for start, sim in _similarity_blocks(unit, block_rows):
-        rows, cols = np.nonzero(sim >= np.float32(1 - eps - slack))
-        rows += start
-        dist = np.clip(1 - _pair_cosines(unit, rows, cols), 0, 2)
-        dist[rows == cols] = 0.0
-        keep = dist <= eps
-        found.append((rows[keep], cols[keep], dist[keep]))
-        pairs += int(keep.sum())
-        if pairs > MAX_RADIUS_PAIRS:
-            raise ValueError(f"identities.eps = {eps} links more than {MAX_RADIUS_PAIRS} embedding pairs, so DBSCAN "
-                             "would put nearly everyone in one identity: lower identities.eps (paper 0.35)")
-    rows, cols, dist = (np.concatenate(parts) for parts in zip(*found))
-    graph = sparse.csr_matrix((dist, (rows, cols)), shape=(n, n))
-    return sort_graph_by_row_values(graph, copy=False, warn_when_not_sorted=False)
+def _radius_pairs(unit: np.ndarray, start: int, sim: np.ndarray, eps: float) -> tuple[np.ndarray, ...]:
+    """(rows, cols, cosine distances) of a block's pairs within ``eps``: 1 - cos in float64, clipped to [0, 2] as
+    scikit-learn's cosine metric, self pairs exactly 0; float32 screens them with the rounding bound as slack."""
+    rows, cols = np.nonzero(sim >= np.float32(1 - eps - _float32_slack(unit.shape[1])))
+    rows += start
+    dist = np.clip(1 - _pair_cosines(unit, rows, cols), 0, 2)
+    dist[rows == cols] = 0.0
+    keep = dist <= eps
+    return rows[keep], cols[keep], dist[keep]
 
 
-def cluster_identities(embeddings: np.ndarray, eps: float = 0.35, min_samples: int = 2,
-                       block_rows: int | None = None) -> np.ndarray:
-    """Identity label per embedding: DBSCAN with cosine distance (PIU appendix A), noise points as singletons.
+def _nearest_in_block(unit: np.ndarray, start: int, sim: np.ndarray, index: np.ndarray, cosine: np.ndarray) -> None:
+    """Fill ``index`` and ``cosine`` for a block's rows: the float32 candidates within the rounding bound of each
+    row's best are rescored in float64; ties go to the lower index, as argmax. Overwrites the block's self cosines."""
+    local = np.arange(len(sim))
+    sim[local, start + local] = -np.inf  # a sample is not its own neighbour
+    margin = np.float32(2 * _float32_slack(unit.shape[1]))
+    rows, cols = np.nonzero(sim >= (sim.max(axis=1) - margin)[:, None])
+    rows += start
+    exact = _pair_cosines(unit, rows, cols)
+    ranked = np.lexsort((cols, -exact, rows))  # per row: highest float64 cosine, then lowest index
+    best = ranked[np.r_[True, rows[ranked][1:] != rows[ranked][:-1]]]
+    index[rows[best]], cosine[rows[best]] = cols[best], exact[best]
 
-    DBSCAN reads the sparse within-eps distances (``cosine_radius_graph``): the labels of its cosine metric, with
-    memory bounded by the neighbourhoods. Labels are renumbered 0..K-1 in order of each identity's first image, so
-    they do not depend on DBSCAN's numbering.
+
+@dataclass(frozen=True)
+class NearestNeighbours:
+    index: np.ndarray  # (N,) each sample's nearest other sample, -1 when there is none
+    cosine: np.ndarray  # (N,) float64 cosine to it, -inf when there is none
+
+
+@dataclass(frozen=True)
+class Neighbourhoods:
+    radius_graph: sparse.csr_matrix | None  # cosine distances of the pairs within eps, self pairs explicit zeros
+    nearest: NearestNeighbours
+
+
+def neighbourhoods(embeddings: np.ndarray, eps: float | None, block_rows: int | None = None) -> Neighbourhoods:
+    """One pass over float32 row blocks: the pairs within cosine distance ``eps`` (none when ``eps`` is None) and
+    each sample's nearest other sample (PIU Fig. 7), both as the exact float64 cosines decide.
+
+    Memory: one block, plus the within-eps pairs (grows with the pairs, not with N squared).
     """
     if len(embeddings) == 0:
         raise ValueError("no embeddings to cluster: every image failed face extraction")
     unit = l2_normalise(np.asarray(embeddings, np.float64))
-    graph = cosine_radius_graph(unit, eps, block_rows)
-    raw = DBSCAN(eps=eps, min_samples=min_samples, metric="precomputed").fit_predict(graph)
+    n = len(unit)
+    index, cosine = np.full(n, -1, np.int64), np.full(n, -np.inf)
+    found, pairs = [], 0
+    for start, sim in _similarity_blocks(unit, block_rows):
+        if eps is not None:  # before _nearest_in_block overwrites the self cosines
+            found.append(_radius_pairs(unit, start, sim, eps))
+            pairs += len(found[-1][0])
+            if pairs > MAX_RADIUS_PAIRS:
+                raise ValueError(f"identities.eps = {eps} links more than {MAX_RADIUS_PAIRS} embedding pairs, so "
+                                 "DBSCAN would put nearly everyone in one identity: lower identities.eps (paper 0.35)")
+        if n > 1:
+            _nearest_in_block(unit, start, sim, index, cosine)
+    graph = None
+    if eps is not None:
+        rows, cols, dist = (np.concatenate(parts) for parts in zip(*found))
+        graph = sort_graph_by_row_values(sparse.csr_matrix((dist, (rows, cols)), shape=(n, n)), copy=False,
+                                         warn_when_not_sorted=False)
+    return Neighbourhoods(graph, NearestNeighbours(index, cosine))
+
+
+def nearest_neighbours(embeddings: np.ndarray, block_rows: int | None = None) -> NearestNeighbours:
+    """Each sample's nearest other sample by cosine and that cosine (``neighbourhoods`` without the radius pairs)."""
+    return neighbourhoods(embeddings, None, block_rows).nearest
+
+
+def dbscan_identities(radius_graph: sparse.csr_matrix, eps: float, min_samples: int) -> np.ndarray:
+    """Identity label per embedding: DBSCAN with cosine distance (PIU appendix A), noise points as singletons.
+
+    DBSCAN reads the sparse within-eps distances of ``neighbourhoods``, which give the labels of its cosine metric
+    with memory bounded by the neighbourhoods. Labels are renumbered 0..K-1 in order of each identity's first image,
+    so they do not depend on DBSCAN's numbering.
+    """
+    raw = DBSCAN(eps=eps, min_samples=min_samples, metric="precomputed").fit_predict(radius_graph)
     keys = [("c", int(r)) if r >= 0 else ("n", i) for i, r in enumerate(raw)]  # each noise point is its own key
     order: dict = {}
     for key in keys:
         order.setdefault(key, len(order))
     return np.array([order[k] for k in keys], dtype=np.int64)
+
+
+def cluster_identities(embeddings: np.ndarray, eps: float = 0.35, min_samples: int = 2,
+                       block_rows: int | None = None) -> np.ndarray:
+    """``dbscan_identities`` on the embeddings' within-eps pairs."""
+    return dbscan_identities(neighbourhoods(embeddings, eps, block_rows).radius_graph, eps, min_samples)
 
 
 def identity_centroids(embeddings: np.ndarray, labels: np.ndarray) -> pd.DataFrame:
@@ -114,35 +163,6 @@ def centroid_matrix(centroids: pd.DataFrame) -> np.ndarray:
 def centroid_lookup(centroids: pd.DataFrame) -> dict[int, np.ndarray]:
     """Identity -> its centroid (float64), from the centroids table."""
     return dict(zip(centroids["identity"].astype(int).tolist(), centroid_matrix(centroids)))
-
-
-@dataclass(frozen=True)
-class NearestNeighbours:
-    index: np.ndarray  # (N,) each sample's nearest other sample, -1 when there is none
-    cosine: np.ndarray  # (N,) float64 cosine to it, -inf when there is none
-
-
-def nearest_neighbours(embeddings: np.ndarray, block_rows: int | None = None) -> NearestNeighbours:
-    """Each sample's nearest other sample by cosine (PIU Fig. 7), ties to the lower index as argmax.
-
-    Per row, the float32 candidates within the rounding bound of the row's best are rescored in float64.
-    """
-    unit = l2_normalise(np.asarray(embeddings, np.float64))
-    n = len(unit)
-    index, cosine = np.full(n, -1, np.int64), np.full(n, -np.inf)
-    if n < 2:
-        return NearestNeighbours(index, cosine)
-    margin = np.float32(2 * _float32_slack(unit.shape[1]))
-    for start, sim in _similarity_blocks(unit, block_rows):
-        local = np.arange(len(sim))
-        sim[local, start + local] = -np.inf  # a sample is not its own neighbour
-        rows, cols = np.nonzero(sim >= (sim.max(axis=1) - margin)[:, None])
-        rows += start
-        exact = _pair_cosines(unit, rows, cols)
-        ranked = np.lexsort((cols, -exact, rows))  # per row: highest float64 cosine, then lowest index
-        best = ranked[np.r_[True, rows[ranked][1:] != rows[ranked][:-1]]]
-        index[rows[best]], cosine[rows[best]] = cols[best], exact[best]
-    return NearestNeighbours(index, cosine)
 
 
 def leave_one_out_1nn_accuracy(nearest: NearestNeighbours, true_labels) -> float:
@@ -220,12 +240,12 @@ def run_identity_stage(embeddings: pd.DataFrame, manifest: pd.DataFrame, cfg: di
     matrix = embedding_matrix(embeddings).astype(np.float64)
     finite = np.all(np.isfinite(matrix), axis=1) & (np.linalg.norm(matrix, axis=1) > 0)
     ok, matrix = ok[finite], matrix[finite]
-    labels = cluster_identities(matrix, cfg["eps"], cfg["min_samples"])
+    scan = neighbourhoods(matrix, cfg["eps"])  # the one all-pairs pass
+    labels = dbscan_identities(scan.radius_graph, cfg["eps"], cfg["min_samples"])
     truth = manifest.set_index("image_id")["true_identity"].reindex(ok["image_id"]).to_numpy()
     has_truth = len(truth) > 0 and pd.notna(truth).all()
-    nearest = nearest_neighbours(matrix)
-    summary = clustering_summary(labels, nearest, len(manifest), truth if has_truth else None)
-    hist = histogram_modes(nearest.cosine, bins=cfg["histogram_bins"])
+    summary = clustering_summary(labels, scan.nearest, len(manifest), truth if has_truth else None)
+    hist = histogram_modes(scan.nearest.cosine, bins=cfg["histogram_bins"])
     extra = {"images_dropped_nonfinite": int((~finite).sum()), "nn_mode_low": hist["mode_low"],
              "nn_mode_high": hist["mode_high"], "nn_valley": hist["valley"],
              "dbscan_eps": cfg["eps"], "dbscan_min_samples": cfg["min_samples"]}
