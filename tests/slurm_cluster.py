@@ -32,8 +32,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "slurm"
 
-# Rules that declare `gpu=1` (the throwaway cluster has no GPU gres, so its test profile sets gpu=0 for them).
-GPU_RULES = ("unlearn", "evaluate_original", "evaluate_unlearned")
+# Rules of the default target that request a GPU (the throwaway cluster has no GPU gres, so its test profile sets
+# gpu=0 for them).
+GPU_RULES = ("unlearn", "evaluate_original", "evaluate_unlearned", "layer_analysis")
 # One SLURM job per forget identity (and per run) for these rules.
 PER_IDENTITY_RULES = ("identity_sheet", "unlearn", "evaluate_original", "evaluate_unlearned", "sample_grids")
 
@@ -51,31 +52,17 @@ CLIENT_COMMANDS = ("sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo", "
 
 def sbatch_calls(profiles: list[str], workdir: str, configfiles: list[str], targets: list[str]) -> list[dict]:
     """One dict (rule, wildcards, threads, resources, call) per job of a dry run towards `targets`."""
-    from snakemake.api import SnakemakeApi
-    from snakemake.cli import parse_args
-    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings, StorageSettings
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import get_job_wildcards, set_gres_string
     from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 
-    argv = ["--snakefile", str(REPO / "Snakefile"), "--directory", workdir, "--dry-run"]
-    for profile in profiles:
-        argv += ["--profile", profile]
-    argv += ["--configfile", *configfiles, "--", *targets]
-    _, args = parse_args(argv)  # the profiles are applied exactly as on the command line
-    assert args.executor == "slurm", f"the profiles do not select the slurm executor: {args.executor}"
-    settings = ExecutorPluginRegistry().get_plugin("slurm").get_settings(args)
+    from idunlearn.plan import dry_run
+
     out = []
-    with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
-        # cores=None as for a remote executor: threads are not capped by the local core count
-        workflow_api = api.workflow(
-            resource_settings=ResourceSettings(cores=None, nodes=args.jobs, overwrite_threads=args.set_threads,
-                                               overwrite_resources=args.set_resources,
-                                               default_resources=args.default_resources),
-            config_settings=ConfigSettings(configfiles=[Path(c) for c in args.configfile]),
-            storage_settings=StorageSettings(), snakefile=Path(args.snakefile), workdir=Path(args.directory))
-        workflow_api.dag(DAGSettings(targets=set(args.targets))).execute_workflow(executor="dryrun")
-        for job in workflow_api._workflow.dag.jobs:
+    with dry_run(REPO / "Snakefile", workdir, configfiles, profiles, targets) as (workflow, args):
+        assert args.executor == "slurm", f"the profiles do not select the slurm executor: {args.executor}"
+        settings = ExecutorPluginRegistry().get_plugin("slurm").get_settings(args)
+        for job in workflow.dag.jobs:
             wildcards = get_job_wildcards(job)
             partition = job.resources.get("slurm_partition")
             params = {
@@ -456,11 +443,15 @@ def one_output_per_rule(results: Path, identity: int = 0, run: str = "piu") -> l
         "generator/trained/model.safetensors")]
 
 
-def sbatch_calls_subprocess(workdir: Path, configfile: Path, profiles: list, targets: list[str]) -> dict[str, dict]:
-    """`sbatch_calls` in a fresh Python process; one entry per rule (the last job of each), sbatch options parsed."""
+def sbatch_calls_subprocess(workdir: Path, configfile: Path | list[Path], profiles: list,
+                            targets: list[str]) -> dict[str, dict]:
+    """`sbatch_calls` in a fresh Python process; one entry per rule (the last job of each), sbatch options parsed.
+    ``configfile``: one file or several (merged in order, as snakemake's --configfile does)."""
     out = workdir / "sbatch-calls.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "sbatch-calls", "--directory", str(workdir),
-           "--configfile", str(configfile), "--out", str(out)]
+           "--out", str(out)]
+    for path in configfile if isinstance(configfile, list) else [configfile]:
+        cmd += ["--configfile", str(path)]
     for profile in profiles:
         cmd += ["--profile", str(profile)]
     proc = subprocess.run([*cmd, *targets], capture_output=True, text=True, timeout=600, cwd=workdir)

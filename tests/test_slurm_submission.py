@@ -4,7 +4,10 @@ real throwaway SLURM is tests/integration/test_slurm_cluster.py (`make slurm-tes
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import yaml
 
 from conftest import REPO
 from slurm_cluster import (GPU_RULES, PER_IDENTITY_RULES, PROFILE, one_output_per_rule, sbatch_calls_subprocess,
@@ -21,7 +24,7 @@ EXPECTED = {
     "cluster_identities": (None, 32000, 60, 2),
     "select_experiments": (None, 8000, 60, 2),
     "identity_sheet": (None, 8000, 60, 2),
-    "layer_analysis": (None, 8000, 60, 2),
+    "layer_analysis": ("1", 8000, 60, 2),
     "train_generator": (None, 4000, 180, 2),
     "unlearn": ("1", 8000, 60, 2),
     "evaluate_original": ("1", 8000, 60, 2),
@@ -95,3 +98,93 @@ def test_throwaway_cluster_profile_only_drops_gpus_and_caps_to_the_node(workdir,
         c = calls[rule]
         assert c["gpus"] is None and c["partition"] == "test"
         assert (c["mem_mb"], c["runtime"], c["cpus"]) == (min(mem, 4000), runtime, min(cpus, 2)), rule
+
+
+# --- every stage that runs a full UNet on the paper path requests its GPU (issue 35) ---
+
+# Rules whose script loads the configured generator but never puts it on the run's device: the second recognizer's
+# reference only renders the real photos through the generator's image pipeline (load_generator without a device).
+CPU_GENERATOR_RULES = {"second_recognizer_reference"}
+OVERLAYS = ("study.yaml", "many.yaml", "request.yaml")  # tuning grids, the many stage, a forget request
+
+
+def rule_scripts() -> dict[str, str]:
+    """Rule -> its script's file name, read from rules/*.smk (`use rule A as B` takes A's script)."""
+    scripts, uses = {}, {}
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        text = smk.read_text()
+        for block in re.split(r"\n(?=(?:rule|checkpoint|use rule) )", text):
+            head = re.match(r"(?:rule|checkpoint) (\w+):", block)
+            used = re.match(r"use rule (\w+) as (\w+)", block)
+            script = re.search(r"script:\s*\n\s*\"[./]*workflow/scripts/(\w+\.py)\"", block)
+            if head and script:
+                scripts[head[1]] = script[1]
+            elif used:
+                uses[used[2]] = used[1]
+    for new, old in uses.items():
+        scripts.setdefault(new, scripts.get(old))
+    return scripts
+
+
+def full_unet_rules() -> set[str]:
+    """Every rule whose script loads the configured generator (a full UNet on the paper path), but the CPU ones."""
+    loads = {name for name, script in rule_scripts().items()
+             if script and "load_generator(" in (REPO / "workflow" / "scripts" / script).read_text()}
+    return loads - CPU_GENERATOR_RULES
+
+
+def gpu_targets(results, tune_run: str) -> list[str]:
+    """One output of every full-UNet rule (identity 3, run piu; the tuning, many and request stages' own names)."""
+    many = "many/piu/o1"
+    return [str(results / p) for p in (
+        "unlearning/piu/3/timings.json", "evaluation/before/3/metrics.json", "evaluation/after/piu/3/metrics.json",
+        "evaluation/external/ext/3/metrics.json", "analysis/layer_separation.csv",
+        "audit/before/3/rows.parquet", "audit/after/piu/3/rows.parquet", "audit/external/ext/3/rows.parquet",
+        "export/piu/3/manifest.json",
+        f"tuning/unlearning/{tune_run}/50/timings.json", "tuning/evaluation/before/50/metrics.json",
+        f"tuning/evaluation/after/{tune_run}/50/metrics.json",
+        f"{many}/joint/n2/timings.json", f"{many}/replay/step2/timings.json", "many/piu/single/3/timings.json",
+        f"{many}/merge_sum/n2/timings.json", "many/before/3/metrics.json",
+        f"{many}/joint/n2/evaluation/metrics.parquet", f"{many}/replay/step2/evaluation/metrics.parquet",
+        f"{many}/merge_sum/n2/evaluation/metrics.parquet", "many/piu/single/3/evaluation/metrics.parquet",
+        "request/demo/unlearning/timings.json", "request/demo/before/metrics.json", "request/demo/after/metrics.json",
+        "request/demo/export/manifest.json")]
+
+
+@pytest.fixture(scope="module")
+def paper_stage_calls(tmp_path_factory):
+    """The sbatch calls of one job of every full-UNet rule: the offline world with the study, many and request
+    overlays and an external model, through profiles/slurm."""
+    from idunlearn.config import deep_update, validate_config
+    from idunlearn.tuning import tuning_settings
+
+    workdir = tmp_path_factory.mktemp("slurm_paper_stages")
+    generator = {"backend": "mini", "mini": {"checkpoint": str(REPO / "data" / "shipped" / "mini-arc2face")}}
+    base = prepare_workdir(workdir, {"generator": generator})
+    overlays = [REPO / "config" / name for name in OVERLAYS]
+    merged = {}
+    for path in [REPO / "config" / "config.yaml", base, *overlays]:
+        merged = deep_update(merged, yaml.safe_load(path.read_text()) or {})
+    # one more external model (next to the overlays' own), and the request overlay's demo folder as the demo rule
+    # names it (under this work folder's data_dir)
+    external = [*merged.get("evaluation", {}).get("external", []),
+                {"name": "ext", "unet": str(workdir / "results" / "export" / "piu" / "3" / "delta.safetensors"),
+                 "identities": [3]}]
+    extra = workdir / "config" / "external.yaml"
+    extra.write_text(yaml.safe_dump({"evaluation": {"external": external},
+                                     "request": {"folder": str(workdir / "data" / "request_demo")}}))
+    configfiles = [base, *overlays, extra]
+    tune_run = sorted(tuning_settings(validate_config(deep_update(merged, yaml.safe_load(extra.read_text())))))[0]
+    return sbatch_calls_subprocess(workdir, configfiles, [PROFILE], gpu_targets(workdir / "results", tune_run))
+
+
+def test_every_full_unet_rule_is_covered_and_submitted_with_one_gpu(paper_stage_calls):
+    wanted = full_unet_rules()
+    # the stages the issue names, so that a parsing slip cannot shrink the set unnoticed
+    assert {"unlearn", "evaluate_unlearned", "audit_unlearned", "tune_unlearn", "many_unlearn_joint",
+            "request_unlearn", "export_unlearned", "request_export"} <= wanted
+    missing = wanted - set(paper_stage_calls)
+    assert not missing, f"add a target for {sorted(missing)} to gpu_targets"
+    for rule in sorted(wanted):
+        call = paper_stage_calls[rule]
+        assert call["gpus"] == "1" and "--gpus=1" in call["call"], (rule, call["call"])

@@ -409,7 +409,7 @@ def format_plan(result: dict, configfiles: list[str], found: dict) -> str:
         hours = unknown if entry["gpu_hours"] is None else f"{entry['gpu_hours']:.2f} GPU-hours"
         limit = "/".join(f"{r:g}" for r in entry["runtime_min"]) or "?"
         over = f", {entry['over_runtime']} jobs over the runtime limit" if entry["over_runtime"] else ""
-        lines.append(f"  {stage:10s} {entry['jobs']:6d} jobs  {hours}  (runtime limit {limit} min{over})")
+        lines.append(f"  {stage:15s} {entry['jobs']:6d} jobs  {hours}  (runtime limit {limit} min{over})")
     lines += ["", f"wall time of the GPU jobs through the profile (at most {result['profile_jobs']} jobs at once):"]
     for n, hours in result["wall_hours"].items():
         lines.append(f"  {n:3d} GPUs: " + (unknown if hours is None else f"{hours:.2f} h"))
