@@ -165,6 +165,8 @@ def test_verdicts_compare_with_the_never_trained_reference():
     assert compared.loc[("removes", "attack", "fa"), "finding"] == "as the reference"
     assert (compared["p_holm"] >= compared["p_wilcoxon"] - 1e-12).all()
     assert reference_comparisons(table, None, seed=0).empty
+    single = reference_comparisons(table[table["identity"] == 0], "retrain", seed=0)
+    assert set(single["finding"]) == {"no interval (fewer than 2 identities)"}
 
 
 def test_audit_page_shows_the_heldout_attacks_their_controls_and_the_recovery_curves(tmp_path):

@@ -238,7 +238,8 @@ REFERENCE_COLUMNS = [*COMPARISON_COLUMNS, "p_holm", "finding"]
 def reference_comparisons(table: pd.DataFrame, reference: str | None, seed: int) -> pd.DataFrame:
     """Every audited run against the never-trained reference (``paired_comparisons``), with Holm-corrected Wilcoxon
     p-values within each run's family of comparisons and a finding per row from the Student-t interval: "above"
-    or "below" the reference when the interval excludes 0, "as the reference" when it covers 0. Where a run leaks
+    or "below" the reference when the interval excludes 0, "as the reference" when it covers 0 (none with one
+    identity). Where a run leaks
     above the never-trained reference, the person was hidden, not removed; where the reference itself is recovered,
     the attack measures the generator's generalisation, not memory."""
     compared = paired_comparisons(table, reference, seed)
@@ -247,8 +248,9 @@ def reference_comparisons(table: pd.DataFrame, reference: str | None, seed: int)
     compared["p_holm"] = np.nan
     for _, part in compared.groupby("run"):
         compared.loc[part.index, "p_holm"] = holm(part["p_wilcoxon"].to_numpy())
-    compared["finding"] = np.where(compared["t_low"] > 0, "above", np.where(compared["t_high"] < 0, "below",
-                                                                             "as the reference"))
+    compared["finding"] = np.select(
+        [compared["t_low"].isna(), compared["t_low"] > 0, compared["t_high"] < 0],
+        ["no interval (fewer than 2 identities)", "above", "below"], "as the reference")
     return compared[REFERENCE_COLUMNS]
 
 
