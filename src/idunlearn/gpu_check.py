@@ -173,6 +173,9 @@ def run_check(shapes: str, device: str, compile_modes=(False, True), steps: int 
     modes = {}
     for compile_mode in compile_modes:
         seconds: dict[str, float] = {}
+        if torch.device(device).type == "cuda":  # each mode's own peak
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         with timed(seconds, "load"):
             generator = build_generator(shapes, device, seed)
             original = {k: v.detach().clone() for k, v in generator.unet.state_dict().items()}

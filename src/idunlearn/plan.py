@@ -448,7 +448,7 @@ HELP = ("Jobs per rule and run from Snakemake's DAG, GPU-hours per stage from be
 def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--configfile", nargs="+", default=[PAPER_CONFIG], help="config files, as for snakemake")
     parser.add_argument("--study", action="store_true",
-                        help=f"add {STUDY_OVERLAY} (every run of the paper's tables) at the first config's n_forget")
+                        help=f"add {STUDY_OVERLAY} (every run of the paper's tables), keeping the paper config's n_forget")
     parser.add_argument("--profile", default=PROFILE, help="SLURM profile whose resources and job limit apply")
     parser.add_argument("--targets", nargs="*", default=[], help="snakemake targets (default: the default target)")
     parser.add_argument("--scratch", type=Path, default=None,
