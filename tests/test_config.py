@@ -30,7 +30,8 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     cfg = load_config(REPO / "config" / "config.yaml", merged)
     if "robust.yaml" in overlays:
         assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
-        assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "retrain"]
+        assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "uce.tuned", "esd.tuned",
+                                        "retrain"]
         assert "siss" in cfg["unlearning"]["runs"]
         # piu_meta is piu_robust's run (a YAML merge key) with its own method and meta-learning settings
         robust, meta = cfg["unlearning"]["runs"]["piu_robust"], cfg["unlearning"]["runs"]["piu_meta"]
