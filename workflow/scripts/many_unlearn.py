@@ -22,7 +22,7 @@ with stage_log(snakemake.log[0], f"many_unlearn_{snakemake.params.mode}") as log
     selections = [run_selection(s, p.run, centroids) for s in drawn]
     # joint or replay: all of them in one run; a plain chain step: its own identity, from the previous step's weights
     training = selections if p.mode == "joint" or replay else selections[-1:]
-    previous = i.previous[0] if "previous" in i.keys() and i.previous else None
+    previous = i.previous if "previous" in i.keys() else None  # a chain step's previous weights
     log.info("%s (%s): unlearning %s from %s, settings %s", p.mode, p.protection,
              [s["forget_identity"] for s in training], previous or "the original", p.run)
     generator = load_generator(p.generator, p.device)
