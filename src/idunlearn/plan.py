@@ -212,7 +212,8 @@ def prepare_scratch(folder: Path, repo: Path, extra: dict | None = None) -> Path
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to((repo / name).resolve())
     path = folder / "plan_overrides.yaml"
-    path.write_text(yaml.safe_dump(extra or {}))
+    with atomic_path(path) as tmp:
+        tmp.write_text(yaml.safe_dump(extra or {}))
     return path
 
 
