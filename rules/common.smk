@@ -66,6 +66,19 @@ def forget_identities(wildcards=None):
     return [int(i) for i in pd.read_parquet(table)["forget_identity"]]
 
 
+def reference_excluded_identities(wildcards=None):
+    """Identity ids the never-trained reference (train_generator_reference) never sees."""
+    exclude = config["generator"]["reference"]["exclude_identities"]
+    return forget_identities() if exclude == "selection" else [int(i) for i in exclude]
+
+
+def reference_selection(wildcards):
+    """The selection table, when the reference excludes the selection's forget identities."""
+    if config["generator"]["reference"]["exclude_identities"] != "selection":
+        return []
+    return checkpoints.select_experiments.get().output.table
+
+
 def selection_file(wildcards):
     """The per-identity selection file; asking for it waits for the select_experiments checkpoint."""
     folder = checkpoints.select_experiments.get().output.identities
@@ -274,6 +287,11 @@ def request_people():
 
 def request_dir(*parts):
     return results("request", REQUEST["name"], *parts)
+
+
+def request_person_files(name, *parts):
+    """One file of every person of the request, in request.people's order."""
+    return [request_dir(f"{person}{name}", *parts) for person in request_people()]
 
 
 def request_run():

@@ -4,18 +4,6 @@
 # generator.reference.exclude_identities (by default every forget identity of the selection).
 
 
-def reference_excluded_identities(wildcards=None):
-    exclude = config["generator"]["reference"]["exclude_identities"]
-    return forget_identities() if exclude == "selection" else [int(i) for i in exclude]
-
-
-def reference_selection(wildcards):
-    """The selection table, when the reference excludes the selection's forget identities."""
-    if config["generator"]["reference"]["exclude_identities"] != "selection":
-        return []
-    return checkpoints.select_experiments.get().output.table
-
-
 rule train_generator:
     input:
         manifest=rules.acquire_dataset.output.manifest,

@@ -10,10 +10,6 @@ wildcard_constraints:
     person=r"(|[A-Za-z0-9_.-]+/)",
 
 
-def request_person_files(name, *parts):
-    """One file of every person of the request, in request.people's order."""
-    return [request_dir(f"{person}{name}", *parts) for person in request_people()]
-
 # the demo folder of config/request.yaml, built from ORL when request.folder names it
 rule demo_request_folder:
     output:
