@@ -169,18 +169,37 @@ def test_summary_md_and_the_report_landing_page_show_the_headline(aggregated):
     assert "| run | phase | identities | forget ISM | retain ISM | SRK (pooled) |" in md
     assert "Run a made the generator forget 3 identities (1, 2, 3)" in md
     assert md.count("\n| a | ") == 2 and md.count("\n| b | ") == 2  # before and after per run
-    # the landing page rendered as `snakemake --report` does: jinja2, then docutils, from the working directory
+    # the landing page as the workflow builds it: rule landing_page on aggregate's summary_long and a grid per run
+    # (no audit), then rendered as `snakemake --report` does: jinja2, then docutils, from the working directory
     from docutils.core import publish_parts
     from jinja2 import Environment
+    from PIL import Image
+
+    from idunlearn.landing import interval_cell
+
+    grids = []
+    for run in ("a", "b"):
+        grids.append(str(tmp_path / f"{run}_forget.png"))
+        Image.new("RGB", (8, 8), (40, 80, 120)).save(grids[-1])
+    landing = tmp_path / "tables" / "landing.rst"
+    smk = SimpleNamespace(input=SimpleNamespace(summary_long=str(tmp_path / "tables" / "summary_long.csv"),
+                                                grids=grids, audit_summary=[], verdicts=[]),
+                          output=[str(landing)], params=SimpleNamespace(runs=["a", "b"], identities=[1, 2, 3]),
+                          log=[str(tmp_path / "landing_page.log")])
+    runpy.run_path(str(REPO / "workflow" / "scripts" / "landing_page.py"), init_globals={"snakemake": smk})
 
     class Snakemake:
         config = {"results_dir": str(tmp_path), "request": {"folder": None}}  # no forget request: the study's page
 
     text = (REPO / "workflow" / "report" / "workflow.rst").read_text() + "\n.. _Summary: #\n.. _Tables: #\n"
     rendered = Environment(trim_blocks=True, lstrip_blocks=True).from_string(text).render(snakemake=Snakemake)
-    html = publish_parts(rendered, writer="html")["html_body"]
-    assert "Run a made the generator forget 3 identities" in html
-    assert "<th class=\"head\">SRK (pooled)</th>" in html and html.count("<tr>") >= 5
+    html = publish_parts(rendered, writer="html", settings_overrides={"report_level": 2})["html_body"]
+    assert "system-message" not in html and "Run a made the generator forget 3 identities (1, 2, 3)" in html
+    assert "<th class=\"head\">SRK</th>" in html and html.count("<tr>") == 4  # header, original, a, b
+    long = pd.read_csv(tmp_path / "tables" / "summary_long.csv").set_index(["run", "phase", "metric"])
+    forget_a = long.loc[("a", "after", "ism_forget"), ["mean", "ci_low", "ci_high"]]
+    assert f"<td>{interval_cell(*forget_a)}</td>" in html  # aggregate's numbers, not a copy
+    assert html.count('src="data:image/png;base64,') == 2  # a forget grid per run
 
 
 def test_nested_markdown_demotes_every_heading_but_not_code_or_text():
