@@ -3,7 +3,7 @@
 # beside the workflow graph without overlap, one forget grid per run, the audit's verdicts.
 #   tools/screenshot_report.sh [REPORT] [PNG] [WIDTH,HEIGHT]
 # Defaults: results/report.html (made by `make report`), results/report_landing.png, a 1400,2400 window (1400 px wide,
-# as the issue that asked for this check). Needs Chromium (Debian: apt-get install chromium). `make report-screenshot`
+# the width the layout is checked at). Needs Chromium (Debian: apt-get install chromium). `make report-screenshot`
 # runs it on the Makefile's REPORT.
 set -euo pipefail
 report=${1:-results/report.html}
