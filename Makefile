@@ -50,8 +50,8 @@ slurm-test: assets
 
 # Only on a GPU (no hub, no dataset download): the paper path's GPU stages at real model size with random weights
 # (unlearn, evaluate, light audit and tables for 2 identities in bf16, torch.compile off and on); prints seconds per
-# stage and writes results/benchmarks/gpu_<time>.json, which `python -m idunlearn plan` then prices with. About 8
-# minutes on one H200. The suite runs it on a CPU with tiny shapes (tests/test_gpu_check.py; by hand:
+# stage and writes results/benchmarks/gpu_<time>.json, which `python -m idunlearn plan` then prices with. Meant to
+# fit 8 minutes on one H200 (not yet run on a GPU). The suite runs it on a CPU with tiny shapes (tests/test_gpu_check.py; by hand:
 # $(BIN)/python -m idunlearn.gpu_check --tiny).
 gpu-check: setup
 	$(BIN)/python -m idunlearn.gpu_check
