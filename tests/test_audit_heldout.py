@@ -1,4 +1,4 @@
-"""Held-out attacks and the never-trained reference (issue 37): seeds apart from every training seed, LoRA relearning
+"""Held-out attacks and the never-trained reference: seeds apart from every training seed, LoRA relearning
 that touches only its adapter, DDIM inversion that redraws the photo, a whole generator evaluated as run `retrain`
 only on the people it never saw, and verdicts against it."""
 

@@ -1,4 +1,4 @@
-"""Relearning-resistant PIU (issue 37): piu_robust trained against a simulated relearning attacker (first-order
+"""Relearning-resistant PIU: piu_robust trained against a simulated relearning attacker (first-order
 meta-learning)."""
 
 import copy

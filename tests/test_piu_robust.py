@@ -1,4 +1,4 @@
-"""Robust PIU (issue 15): PIU trained against its own embedding attack."""
+"""Robust PIU: PIU trained against its own embedding attack."""
 
 import copy
 

@@ -100,7 +100,7 @@ def test_throwaway_cluster_profile_only_drops_gpus_and_caps_to_the_node(workdir,
         assert (c["mem_mb"], c["runtime"], c["cpus"]) == (min(mem, 4000), runtime, min(cpus, 2)), rule
 
 
-# --- every stage that runs a full UNet on the paper path requests its GPU (issue 35) ---
+# --- every stage that runs a full UNet on the paper path requests its GPU ---
 
 # Rules whose script loads the configured generator but never puts it on the run's device: the second recognizer's
 # reference only renders the real photos through the generator's image pipeline (load_generator without a device).

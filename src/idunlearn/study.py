@@ -171,7 +171,7 @@ def _fmt(table: pd.DataFrame, metric: str) -> str:
 
 
 def _table1_claims(c: Claims, t: pd.DataFrame) -> list[dict]:
-    """PIU against the other methods on equal terms (issue 13): the paper-setting rows against each other, and,
+    """PIU against the other methods on equal terms: the paper-setting rows against each other, and,
     when the table has the tuning protocol's rows, PIU's tuned row against the other tuned rows."""
     methods = t[t["run"] != BEFORE]
     if "PIU" not in set(methods["row"]) or len(methods) < 2:

@@ -1,4 +1,4 @@
-"""Seeds of the held-out attacks (issue 37): the strong embedding attack, the inversion attack and the relearning
+"""Seeds of the held-out attacks: the strong embedding attack, the inversion attack and the relearning
 variants are never run inside any method's training, and they draw no random number that a training run could have
 drawn. Their seeds are hashed (numpy SeedSequence) from the config seed, a stream number of their own and the
 attack's name and index, so that they are never the run's seed, never a method's own stream (piu_robust's
@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 
-HELDOUT_STREAM = 370  # names the held-out attacks' seed stream (issue 37; piu_meta's attacker has 37) beside the seed
+HELDOUT_STREAM = 370  # the held-out attacks' seed stream beside the seed (piu_meta's attacker has 37, piu_robust's 15)
 HELDOUT_ATTACKS = ("attack_heldout", "inversion", "relearning_heldout")
 HELDOUT_RELEARNING = "relearning_heldout"  # rows' probe: relearning_heldout:<variant> (relearning_heldout.py)
 

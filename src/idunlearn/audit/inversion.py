@@ -1,4 +1,4 @@
-"""Inversion attack (held-out, issue 37): a real photo of the person inverted to initial noise by the model itself
+"""Inversion attack (held-out): a real photo of the person inverted to initial noise by the model itself
 under the photo's own identity condition (deterministic DDIM run backwards: Song et al. 2021, eq. 13 integrated from
 t = 0 upwards, as in Mokady et al. 2023's DDIM inversion), then regenerated from that noise by deterministic DDIM. An
 attacker who holds one photo asks the unlearned model to redraw it: if the model still knows the person, the path

@@ -1,4 +1,4 @@
-"""Held-out relearning variants (issue 37): the relearning probe's fine-tuning (audit/relearning.py, the recipe of
+"""Held-out relearning variants: the relearning probe's fine-tuning (audit/relearning.py, the recipe of
 unlearning/finetune.py) varied the ways an attacker may vary it: learning rate x0.1 and x10, a rank-4 LoRA on the
 cross-attention instead of the weights themselves (audit/lora.py), more steps (10 / 50 / 200), and benign fine-tuning
 on photos of other people (does the forgotten person resurface without being asked for?). Each variant fine-tunes a

@@ -1,4 +1,4 @@
-"""The recognizer track's tuning protocol (issue 13): every unlearning method, GSUO included, gets a declared grid of
+"""The recognizer track's tuning protocol: every unlearning method, GSUO included, gets a declared grid of
 at most ``MAX_GRID`` settings over its own knobs, the same epoch budget per task, and is tuned on forget requests
 disjoint from the evaluation ones (random-subset: other seeds; class-wise: identities drawn, seeded, from those that
 are not forget identities); one selection rule, fixed in the config before any run, picks one setting per method,

@@ -1,4 +1,4 @@
-"""Relearning-resistant PIU (issue 37, item 3): piu_robust trained against a simulated relearning attacker by
+"""Relearning-resistant PIU: piu_robust trained against a simulated relearning attacker by
 first-order meta-learning.
 
 The idea of simulating the attacker's fine-tuning inside unlearning and taking the unlearning loss after it comes from
@@ -25,7 +25,7 @@ from .piu_robust import PIURobust
 
 log = logging.getLogger(__name__)
 
-META_STREAM = 37  # names the simulated attacker's seed stream (issue 37) beside the run's seed
+META_STREAM = 37  # the simulated attacker's seed stream beside the run's seed (piu_robust's is 15)
 
 
 def meta_seed(run_seed: int) -> int:

@@ -1,4 +1,4 @@
-"""Robust PIU: PIU trained against its own embedding attack (issue 15; AdvUnlearn's min-max idea moved from prompt
+"""Robust PIU: PIU trained against its own embedding attack (AdvUnlearn's min-max idea moved from prompt
 tokens to the identity condition)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .piu import PIU, Batch
 
 log = logging.getLogger(__name__)
 
-ADVERSARIAL_STREAM = 15  # names the inner attack's seed stream (issue 15) beside the run's seed
+ADVERSARIAL_STREAM = 15  # the inner attack's seed stream beside the run's seed
 
 
 def adversarial_seed(run_seed: int) -> int:
