@@ -213,7 +213,7 @@ def external_model(wildcards):
 
 def reference_generator_folder():
     """The never-trained reference: generator.reference.checkpoint (shipped), or while that folder is absent the
-    folder train_generator_reference writes (the workflow then trains it: about 160 minutes on 2 cores)."""
+    folder train_generator_reference writes (the workflow then trains it: about 80 minutes on 2 cores)."""
     shipped = config["generator"]["reference"]["checkpoint"]
     if os.path.isfile(os.path.join(shipped, "model.safetensors")):
         return shipped
