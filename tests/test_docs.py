@@ -3,6 +3,7 @@ reference equal to the schema, and generated tables that the docs command rewrit
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -165,3 +166,26 @@ def test_docs_command_writes_the_run_s_tables(two_runs, tmp_path):
     before = {p: p.read_text() for p in pages(tmp_path)}
     regenerate(tmp_path, results)
     assert {p: p.read_text() for p in pages(tmp_path)} == before
+
+
+def test_an_external_model_is_compared_with_the_original_identity_by_identity(tmp_path):
+    from idunlearn.docs import MissingResults, render_external_evaluation
+
+    metrics = {"ism_forget": 0.0, "acc_forget": 0.0, "ism_retain": 0.7, "acc_retain": 1.0, "kd_retain": 10.0,
+               "quality_forget": 0.9}
+    before = {1: 0.60, 2: 0.70, 3: 0.80}
+    retrain = {1: 0.10, 2: 0.30, 3: 0.20}  # differences -0.5, -0.4, -0.6: mean -0.5
+    for folder, values in (("before", before), ("external/retrain", retrain)):
+        for identity, ism in values.items():
+            path = tmp_path / "evaluation" / folder / str(identity) / "metrics.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({**metrics, "forget_identity": identity, "ism_forget": ism}))
+    table = render_external_evaluation(tmp_path, "retrain")
+    forget = next(line for line in table.splitlines() if line.startswith("| forget ISM"))
+    half = 4.302653 * 0.1 / 3 ** 0.5  # Student-t 97.5% quantile at 2 degrees of freedom x sd / sqrt(n)
+    assert forget.split(" | ")[1].startswith("0.700 ") and forget.split(" | ")[2].startswith("0.200 ")
+    assert f"-0.500 ({-0.5 - half:.3f} to {-0.5 + half:.3f})" in forget
+    assert "same 3 forget identities" in table
+    (tmp_path / "evaluation" / "before" / "3" / "metrics.json").unlink()
+    with pytest.raises(MissingResults, match=r"identities \[3\]"):
+        render_external_evaluation(tmp_path, "retrain")

@@ -18,6 +18,7 @@ import pandas as pd
 
 from .audit.tables import ORIGINAL, headline
 from .config import load_schema
+from .evaluation.statistics import bootstrap_mean, mean_difference
 from .io import atomic_path
 
 BLOCK = re.compile(r"(?P<open><!-- generated:(?P<name>[\w.-]+)(?::(?P<argument>[^ >]*))? -->\n)(?P<body>.*?)"
@@ -48,6 +49,11 @@ def interval(mean, low, high) -> str:
     if low is None or (isinstance(low, float) and np.isnan(low)):
         return number(mean)
     return f"{number(mean)} ({number(low)} to {number(high)})"
+
+
+def p_value(p) -> str:
+    """A p-value as the docs print it: 3 decimals, '< 0.001' below that."""
+    return "< 0.001" if p < 0.001 else number(p)
 
 
 def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
@@ -201,6 +207,45 @@ def render_audit_comparisons(results: Path, argument: str | None) -> str:
     return markdown_table(["runs", "measure", "n", "difference (95% interval)", "p"], rows)
 
 
+EXTERNAL_ROWS = {"ism_forget": "forget ISM", "acc_forget": "forget samples identified as the person (nearest centroid)",
+                 "ism_retain": "retain-validation ISM",
+                 "acc_retain": "retain samples identified as their identity (nearest centroid)",
+                 "kd_retain": "KD to the real retain-validation images, retain samples",
+                 "quality_forget": "quality, forget samples"}
+
+
+def _evaluation_metrics(folder: Path) -> pd.DataFrame:
+    """Every identity's metrics.json under an evaluation folder (one subfolder per forget identity)."""
+    files = sorted(folder.glob("*/metrics.json"))
+    if not files:
+        raise MissingResults(f"{folder}/*/metrics.json")
+    return pd.DataFrame([json.loads(f.read_text()) for f in files]).set_index("forget_identity")
+
+
+def render_external_evaluation(results: Path, argument: str | None) -> str:
+    """An external model (``argument``, an ``evaluation.external`` name) against the original model on the identities
+    of its evaluation (``evaluation/external/<name>/`` and ``evaluation/before/``), paired by identity: means with
+    95% identity-bootstrap intervals, the mean difference with its Student-t interval and two-sided Wilcoxon p."""
+    name = argument or "retrain"
+    external = _evaluation_metrics(results / "evaluation" / "external" / name)
+    before = _evaluation_metrics(results / "evaluation" / "before")
+    missing = sorted(set(external.index) - set(before.index))
+    if missing:
+        raise MissingResults(f"the original model's evaluation of identities {missing}")
+    before = before.loc[external.index]
+    rows = []
+    for metric, title in EXTERNAL_ROWS.items():
+        a, b = before[metric].astype(float), external[metric].astype(float)
+        d = mean_difference(b - a, seed=0)
+        rows.append([title, interval(*bootstrap_mean(a, seed=0)), interval(*bootstrap_mean(b, seed=0)),
+                     interval(d["mean_diff"], d["t_low"], d["t_high"]), p_value(d["p_wilcoxon"])])
+    n = len(external)
+    return (f"`{name}` against the original model on the same {n} forget identit{'y' if n == 1 else 'ies'}, the same "
+            "conditions and initial noise; mean (95% identity-bootstrap interval), the paired difference with its "
+            "Student-t interval and two-sided Wilcoxon p.\n\n"
+            + markdown_table(["", "original", f"`{name}`", "difference", "p"], rows))
+
+
 def render_file_table(*parts: str) -> Callable[[Path, str | None], str]:
     """Every row and column of one table the workflow wrote (``parts`` under the results folder)."""
     def render(results: Path, argument: str | None) -> str:
@@ -221,6 +266,7 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "audit.probes": render_audit_probes,
     "audit.verdicts": render_audit_verdicts,
     "audit.comparisons": render_audit_comparisons,
+    "evaluation.external": render_external_evaluation,
     "controllable.front": render_file_table("tables", "pareto_summary.csv"),
     "many.joint": render_file_table("tables", "many_joint.csv"),
     "many.sequential": render_file_table("tables", "many_sequential.csv"),
