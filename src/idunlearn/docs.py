@@ -19,7 +19,7 @@ import pandas as pd
 from .audit.tables import ORIGINAL, headline
 from .config import load_schema
 from .evaluation.statistics import bootstrap_mean, mean_difference
-from .io import atomic_path
+from .io import atomic_path, read_json
 
 BLOCK = re.compile(r"(?P<open><!-- generated:(?P<name>[\w.-]+)(?::(?P<argument>[^ >]*))? -->\n)(?P<body>.*?)"
                    r"(?P<close><!-- /generated -->)", re.S)
@@ -219,7 +219,7 @@ def _evaluation_metrics(folder: Path) -> pd.DataFrame:
     files = sorted(folder.glob("*/metrics.json"))
     if not files:
         raise MissingResults(f"{folder}/*/metrics.json")
-    return pd.DataFrame([json.loads(f.read_text()) for f in files]).set_index("forget_identity")
+    return pd.DataFrame([read_json(f) for f in files]).set_index("forget_identity")
 
 
 def render_external_evaluation(results: Path, argument: str | None) -> str:
