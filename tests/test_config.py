@@ -21,7 +21,8 @@ def test_shipped_configs_validate(name):
 
 
 @pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"],
-                                      ["many.yaml"], ["request.yaml"]])
+                                      ["many.yaml"], ["many.yaml", "many-one-order.yaml"],
+                                      ["request.yaml"]])
 def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     # snakemake --configfile a.yaml b.yaml merges each file into config.yaml key by key (lists replaced)
     merged = {}
@@ -41,7 +42,10 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
         assert {"name": "retrain", "generator": "reference", "identities": "selection"} in cfg["evaluation"]["external"]
         assert "retrain" in cfg["audit"]["runs"] and cfg["audit"]["verdict"]["reference"] == "retrain"
     if "many.yaml" in overlays:  # the many stage's run is a declared one; off (null) without the overlay
-        assert cfg["many"]["run"] in cfg["unlearning"]["runs"] and cfg["many"]["joint_sizes"] == [1, 2, 4, 8]
+        sizes = [1, 8] if "many-one-order.yaml" in overlays else [1, 2, 4, 8]  # the one-order overlay keeps the rest
+        assert cfg["many"]["run"] in cfg["unlearning"]["runs"] and cfg["many"]["joint_sizes"] == sizes
+        assert cfg["many"]["orders"] == (1 if "many-one-order.yaml" in overlays else 3)
+        assert cfg["many"]["sequential_protections"] == ["replay"] and cfg["many"]["sequential_length"] == 8
         assert load_config(REPO / "config" / "config.yaml")["many"]["run"] is None
     if "request.yaml" in overlays:  # the request is on, served by a run of the base config
         assert cfg["request"]["folder"] and cfg["request"]["run"] in cfg["unlearning"]["runs"]
