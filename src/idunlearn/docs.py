@@ -258,6 +258,31 @@ def render_file_table(*parts: str) -> Callable[[Path, str | None], str]:
     return render
 
 
+def render_many_jobs(name: str) -> Callable[[Path, str | None], str]:
+    """One line per job of results/tables/``name`` (the many stage's per-identity rows): its identities' forget ISM
+    after (before) and FA after, in the order they were forgotten, the pooled retain ISM against the original
+    model's on the same samples, pooled SRK and the seconds of every job it took."""
+    def render(results: Path, argument: str | None) -> str:
+        table = _read(results, "tables", name)
+        rows = []
+        for (strategy, order, size), job in table.groupby(["strategy", "order", "size"], sort=False):
+            job = job.sort_values("forgotten_at")
+            first = job.iloc[0]
+            rows.append([strategy, number(order), number(size),
+                         ", ".join(f"{i}: {number(a)} ({number(b)})" for i, a, b in
+                                   zip(job["identity"], job["ism_forget"], job["ism_forget_before"])),
+                         ", ".join(number(v) for v in job["fa_forget"]), number(job["fa_forget"].max()),
+                         f"{number(first['ism_retain'])} / {number(first['ism_retain_before'])} "
+                         f"({first['ism_retain'] / first['ism_retain_before']:.2f} x)",
+                         f"{number(first['srk_pooled'])} ({number(first['srk_pooled_before'])})",
+                         f"{first['seconds_total']:,.0f}"])
+        return markdown_table(["strategy", "order", "N or step", "forget ISM after (before), per identity",
+                               "FA after, per identity", "worst FA", "retain ISM after / before",
+                               "pooled SRK after (before)", "seconds, every job it took"], rows)
+    render.__doc__ = f"One line per job of results/tables/{name}."
+    return render
+
+
 RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "headline": render_headline,
     "study": render_study_table,
@@ -268,8 +293,9 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "audit.comparisons": render_audit_comparisons,
     "evaluation.external": render_external_evaluation,
     "controllable.front": render_file_table("tables", "pareto_summary.csv"),
-    "many.joint": render_file_table("tables", "many_joint.csv"),
-    "many.sequential": render_file_table("tables", "many_sequential.csv"),
+    "many.joint": render_many_jobs("many_joint.csv"),
+    "many.sequential": render_many_jobs("many_sequential.csv"),
+    "many.merge": render_many_jobs("many_merge.csv"),
     "many.strategies": render_file_table("tables", "many_strategies.csv"),
     "many.comparisons": render_file_table("tables", "many_comparisons.csv"),
     "recognizer.random_subset": render_file_table("recognizer", "tables", "random_subset.csv"),
