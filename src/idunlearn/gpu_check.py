@@ -205,6 +205,8 @@ def run_check(shapes: str, device: str, compile_modes=(False, True), steps: int 
             metrics.append(metrics_row("piu", run, {"forget_identity": selection["forget_identity"]},
                                        before_metrics, after_metrics,
                                        [k for k, v in before_metrics.items() if isinstance(v, (int, float))]))
+            print(f"{'compile' if compile_mode else 'eager'}: identity {selection['forget_identity']} done; "
+                  + ", ".join(f"{stage} {s:.1f} s" for stage, s in seconds.items()), flush=True)
         with timed(seconds, "tables"):
             table = pd.DataFrame(metrics)
             summarise(table, ["run"], [c for c in table if c.endswith(("_before", "_after", "_delta"))])
@@ -251,7 +253,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU in seconds) instead of Arc2Face's")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--steps", type=int, default=10, help="PIU steps timed per identity")
-    parser.add_argument("--no-compile", action="store_true", help="only the eager pass (torch.compile off)")
+    passes = parser.add_mutually_exclusive_group()
+    passes.add_argument("--no-compile", action="store_true", help="only the eager pass (torch.compile off)")
+    # compilation's first-call cost is unknown on a new GPU: a separate run keeps the eager record if it runs long
+    passes.add_argument("--compile-only", action="store_true", help="only the torch.compile pass")
     parser.add_argument("--output", type=Path, default=None,
                         help="JSON path (default results/benchmarks/gpu_<time>.json; --tiny: gpu_tiny_<time>.json)")
     args = parser.parse_args(argv)
@@ -260,7 +265,8 @@ def main(argv: list[str] | None = None) -> Path:
     if shapes == "paper" and torch.device(device).type != "cuda":
         sys.exit("gpu-check: the real model size needs a GPU (about 4 GB of weights, minutes per step on a CPU); "
                  "use --tiny on a CPU")
-    result = run_check(shapes, device, (False,) if args.no_compile else (False, True), args.steps)
+    modes = (False,) if args.no_compile else (True,) if args.compile_only else (False, True)
+    result = run_check(shapes, device, modes, args.steps)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     output = args.output or Path("results/benchmarks") / f"gpu_{'tiny_' if args.tiny else ''}{stamp}.json"
     write_json(result, output)
