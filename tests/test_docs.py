@@ -196,7 +196,7 @@ def test_many_jobs_are_one_line_each_in_forgetting_order(tmp_path):
 
     (tmp_path / "tables").mkdir()
     job = {"run": "piu", "strategy": "joint", "order": 0, "size": 2, "ism_retain": 0.6, "ism_retain_before": 0.75,
-           "srk_pooled": 40.0, "srk_pooled_before": 1.0, "seconds": 300.0, "seconds_total": 1234.4}
+           "detection_rate_retain": 0.75, "detection_rate_retain_before": 1.0, "srk_pooled": 40.0, "srk_pooled_before": 1.0, "seconds": 300.0, "seconds_total": 1234.4}
     rows = [{**job, "identity": 9, "forgotten_at": 2, "ism_forget": 0.2, "ism_forget_before": 0.7, "fa_forget": 0.25},
             {**job, "identity": 4, "forgotten_at": 1, "ism_forget": 0.05, "ism_forget_before": 0.65, "fa_forget": 0.0}]
     pd.DataFrame(rows).to_csv(tmp_path / "tables" / "many_joint.csv", index=False)
@@ -207,4 +207,5 @@ def test_many_jobs_are_one_line_each_in_forgetting_order(tmp_path):
     assert line["forget ISM after (before), per identity"] == "4: 0.050 (0.650), 9: 0.200 (0.700)"
     assert line["FA after, per identity"] == "0.000, 0.250" and line["worst FA"] == "0.250"
     assert line["retain ISM after / before"] == "0.600 / 0.750 (0.80 x)"  # 0.6 / 0.75 by hand
+    assert line["retain faces detected after (before)"] == "75% (100%)"
     assert line["pooled SRK after (before)"] == "40.0 (1.000)" and line["seconds, every job it took"] == "1,234"

@@ -164,6 +164,7 @@ def _samples(identity: int, forget_hits: int, retain_hits: int, cosine: float) -
 
 def test_job_table_pools_counts_over_identities_before_one_srk():
     after = pd.concat([_samples(1, 0, 4, 0.1), _samples(2, 1, 2, 0.7)], ignore_index=True)
+    after.loc[after.index[-1], "detected"] = False  # identity 2's last retain sample shows no face
     before = pd.concat([_samples(1, 4, 4, 0.8), _samples(2, 4, 4, 0.8)], ignore_index=True)
     timings = [{"seconds_this_session": 2.0, "steps": 5}, {"seconds_this_session": 3.0, "steps": 5}]
     table = job_table("sequential/none", 0, 2, [2, 1], after, before, timings, tau=0.5)
@@ -175,6 +176,8 @@ def test_job_table_pools_counts_over_identities_before_one_srk():
     # PIU eqs. 8-10 on pooled counts: Acc_U = 1/8, Acc_R = 6/8, SRK = 0.75 / (0.125 + 0.01)
     assert table.loc[0, "srk_pooled"] == pytest.approx(0.75 / 0.135)
     assert table.loc[0, "srk_pooled_before"] == pytest.approx(1.0 / 1.01)
+    # retain faces detected: 7 of identity 1's and 2's 8 retain samples after, all 8 before
+    assert table.loc[0, "detection_rate_retain"] == 0.875 and table.loc[0, "detection_rate_retain_before"] == 1.0
     # cost: this step's, and the chain's up to it
     assert table[["seconds", "seconds_total", "steps", "steps_total"]].drop_duplicates().values.tolist() == [
         [3.0, 5.0, 5, 10]]
@@ -314,7 +317,8 @@ def _summary_table() -> pd.DataFrame:
             for identity, ism in ((order * 10 + 1, 0.1), (order * 10 + 2, 0.2)):
                 rows.append({"strategy": strategy, "order": order, "size": 2, "identity": identity,
                              "fa_forget": fa if identity % 10 == 1 else 0.0, "ism_forget": ism + fa,
-                             "ism_retain": ratio * 0.7, "ism_retain_before": 0.7, "srk_pooled": 50.0,
+                             "ism_retain": ratio * 0.7, "ism_retain_before": 0.7, "detection_rate_retain": ratio,
+                             "srk_pooled": 50.0,
                              "seconds_total": 100.0 * (1 + (strategy == "joint"))})
             rows.append({**rows[-1], "size": 1})  # a smaller size is not summarised
     return pd.DataFrame(rows)
@@ -328,6 +332,7 @@ def test_strategy_intervals_over_orders_and_targets():
     joint = strategies.loc["joint"]
     mean, half = mean_ci([0.96, 0.97, 0.99])
     assert joint["retain_ratio"] == pytest.approx(mean) and joint["retain_ratio_high"] == pytest.approx(mean + half)
+    assert joint["detection_rate_retain"] == pytest.approx(mean)  # the rows' rate equals their ratio here
     assert joint["fa_max"] == pytest.approx(0.25 / 3) and joint["orders"] == 3
     # the joint target (FA <= 0.1, retain >= 0.95) holds on orders 0 and 2; order 1's FA 0.2 misses it
     assert joint["orders_meeting_joint_target"] == 2 and joint["retain_margin_joint"] == pytest.approx(mean - 0.95)

@@ -261,7 +261,8 @@ def render_file_table(*parts: str) -> Callable[[Path, str | None], str]:
 def render_many_jobs(name: str) -> Callable[[Path, str | None], str]:
     """One line per job of results/tables/``name`` (the many stage's per-identity rows): its identities' forget ISM
     after (before) and FA after, in the order they were forgotten, the pooled retain ISM against the original
-    model's on the same samples, pooled SRK and the seconds of every job it took."""
+    model's on the same samples, the retain samples' face-detection rate, pooled SRK and the seconds of every job it
+    took."""
     def render(results: Path, argument: str | None) -> str:
         table = _read(results, "tables", name)
         rows = []
@@ -274,11 +275,13 @@ def render_many_jobs(name: str) -> Callable[[Path, str | None], str]:
                          ", ".join(number(v) for v in job["fa_forget"]), number(job["fa_forget"].max()),
                          f"{number(first['ism_retain'])} / {number(first['ism_retain_before'])} "
                          f"({first['ism_retain'] / first['ism_retain_before']:.2f} x)",
+                         f"{first['detection_rate_retain']:.0%} ({first['detection_rate_retain_before']:.0%})",
                          f"{number(first['srk_pooled'])} ({number(first['srk_pooled_before'])})",
                          f"{first['seconds_total']:,.0f}"])
         return markdown_table(["strategy", "order", "N or step", "forget ISM after (before), per identity",
                                "FA after, per identity", "worst FA", "retain ISM after / before",
-                               "pooled SRK after (before)", "seconds, every job it took"], rows)
+                               "retain faces detected after (before)", "pooled SRK after (before)",
+                               "seconds, every job it took"], rows)
     render.__doc__ = f"One line per job of results/tables/{name}."
     return render
 

@@ -196,9 +196,13 @@ def identity_rows(samples: pd.DataFrame, tau: float) -> pd.DataFrame:
 
 def pooled_rows(samples: pd.DataFrame) -> dict:
     """One job's pooled numbers over all its identities' evaluation samples: retain ISM (eq. 7 over every retain
-    sample), Acc_U, Acc_R and one SRK of the pooled counts (PIU eqs. 8-10, ``statistics.pooled_srk``)."""
+    sample), the share of retain samples with a detected face (a model can keep the cosine of the faces it still
+    draws while drawing fewer faces), Acc_U, Acc_R and one SRK of the pooled counts (PIU eqs. 8-10,
+    ``statistics.pooled_srk``)."""
     counts = pd.DataFrame([sample_counts(part) for _, part in samples.groupby("forget_identity")]).sum()
-    return {"ism_retain": float(samples.loc[samples["kind"] == "retain", "own_cosine"].mean()),
+    retain = samples[samples["kind"] == "retain"]
+    return {"ism_retain": float(retain["own_cosine"].mean()),
+            "detection_rate_retain": float(retain["detected"].astype(bool).mean()),
             "acc_forget_pooled": counts["forget_hits"] / counts["forget_n"],
             "acc_retain_pooled": counts["retain_hits"] / counts["retain_n"], "srk_pooled": float(pooled_srk(counts))}
 
@@ -228,17 +232,19 @@ def job_table(strategy: str, order: int, size: int, identities: list[int], after
 
 def order_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (strategy, order) at the strategy's largest size: the worst FA of its identities, their mean
-    forget ISM, the pooled retain ISM as a share of the original model's on the same samples, SRK and cost."""
+    forget ISM, the pooled retain ISM as a share of the original model's on the same samples, the retain samples'
+    face-detection rate, SRK and cost."""
     last = table[table["size"] == table.groupby("strategy")["size"].transform("max")]
     out = last.groupby(["strategy", "order"], sort=False).agg(
         size=("size", "first"), fa_max=("fa_forget", "max"), ism_forget_mean=("ism_forget", "mean"),
         ism_retain=("ism_retain", "first"), ism_retain_before=("ism_retain_before", "first"),
-        srk_pooled=("srk_pooled", "first"), seconds_total=("seconds_total", "first")).reset_index()
+        detection_rate_retain=("detection_rate_retain", "first"), srk_pooled=("srk_pooled", "first"),
+        seconds_total=("seconds_total", "first")).reset_index()
     out["retain_ratio"] = out["ism_retain"] / out["ism_retain_before"]
     return out
 
 
-SUMMARY_METRICS = ("fa_max", "ism_forget_mean", "retain_ratio", "srk_pooled", "seconds_total")
+SUMMARY_METRICS = ("fa_max", "ism_forget_mean", "retain_ratio", "detection_rate_retain", "srk_pooled", "seconds_total")
 
 
 def strategy_table(summary: pd.DataFrame) -> pd.DataFrame:
