@@ -209,3 +209,25 @@ def test_many_jobs_are_one_line_each_in_forgetting_order(tmp_path):
     assert line["retain ISM after / before"] == "0.600 / 0.750 (0.80 x)"  # 0.6 / 0.75 by hand
     assert line["retain faces detected after (before)"] == "75% (100%)"
     assert line["pooled SRK after (before)"] == "40.0 (1.000)" and line["seconds, every job it took"] == "1,234"
+
+
+def test_many_strategies_are_one_line_each_with_intervals_and_orders_meeting_each_target(tmp_path):
+    from idunlearn.docs import render_many_strategies
+    from idunlearn.many import order_summary, strategy_table
+
+    (tmp_path / "tables").mkdir()
+    rows = [{"strategy": "joint", "order": order, "size": 8, "identity": order, "fa_forget": fa, "ism_forget": 0.2,
+             "ism_retain": 0.7 * ratio, "ism_retain_before": 0.7, "detection_rate_retain": 1.0, "srk_pooled": 20.0,
+             "seconds_total": 800.0 + 100 * order}
+            for order, (fa, ratio) in enumerate([(0.0, 0.96), (0.2, 0.97), (0.05, 0.91)])]
+    strategy_table(order_summary(pd.DataFrame(rows))).to_csv(tmp_path / "tables" / "many_strategies.csv", index=False)
+    table = _table("<!-- generated:many.strategies -->\n" + render_many_strategies(tmp_path, None)
+                   + "<!-- /generated -->\n", "generated:many.strategies")
+    line = table.iloc[0]
+    assert (line["strategy"], line["N"], line["orders"]) == ("joint", "8", "3")
+    # worst FA over orders 0, 0.2, 0.05: mean 0.0833 with its t interval; seconds 800, 900, 1000
+    assert line["worst FA"].startswith("0.083 (") and line["seconds, every job it took"].startswith("900 (")
+    assert line["retain faces detected"] == "1.000 (1.000 to 1.000)"
+    # order 0 meets both targets; order 1 misses FA; order 2 has FA 0.05 and retain 0.91: only the 0.9 x target
+    assert line["orders with every FA <= 0.1 and retain >= 0.95 x"] == "1 of 3"
+    assert line["orders with every FA <= 0.1 and retain >= 0.9 x"] == "2 of 3"

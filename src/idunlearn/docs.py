@@ -20,6 +20,7 @@ from .audit.tables import ORIGINAL, headline
 from .config import load_schema
 from .evaluation.statistics import bootstrap_mean, mean_difference
 from .io import atomic_path, read_json
+from .many import FA_TARGET, RETAIN_TARGETS
 
 BLOCK = re.compile(r"(?P<open><!-- generated:(?P<name>[\w.-]+)(?::(?P<argument>[^ >]*))? -->\n)(?P<body>.*?)"
                    r"(?P<close><!-- /generated -->)", re.S)
@@ -286,6 +287,25 @@ def render_many_jobs(name: str) -> Callable[[Path, str | None], str]:
     return render
 
 
+def render_many_strategies(results: Path, argument: str | None) -> str:
+    """One line per strategy of results/tables/many_strategies.csv at its largest size: each metric's mean over the
+    identity orders with its Student-t 95% interval, and per target how many orders meet it (FA and retain ratio)."""
+    table = _read(results, "tables", "many_strategies.csv")
+    rows = []
+    for row in table.to_dict("records"):
+        def cell(metric):
+            return interval(row[metric], row[f"{metric}_low"], row[f"{metric}_high"])
+        rows.append([row["strategy"], number(row["size"]), number(row["orders"]), cell("fa_max"),
+                     cell("ism_forget_mean"), cell("retain_ratio"), cell("detection_rate_retain"), cell("srk_pooled"),
+                     interval(*(None if pd.isna(row[f"seconds_total{end}"]) else f"{row[f'seconds_total{end}']:,.0f}"
+                                for end in ("", "_low", "_high"))),  # whole seconds with thousands separators
+                     *(f"{row[f'orders_meeting_{target}_target']} of {row['orders']}" for target in RETAIN_TARGETS)])
+    return markdown_table(["strategy", "N", "orders", "worst FA", "mean forget ISM", "retain ISM / original",
+                           "retain faces detected", "pooled SRK", "seconds, every job it took",
+                           *(f"orders with every FA <= {FA_TARGET} and retain >= {bar} x" for bar in
+                             RETAIN_TARGETS.values())], rows)
+
+
 RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "headline": render_headline,
     "study": render_study_table,
@@ -299,7 +319,7 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "many.joint": render_many_jobs("many_joint.csv"),
     "many.sequential": render_many_jobs("many_sequential.csv"),
     "many.merge": render_many_jobs("many_merge.csv"),
-    "many.strategies": render_file_table("tables", "many_strategies.csv"),
+    "many.strategies": render_many_strategies,
     "many.comparisons": render_file_table("tables", "many_comparisons.csv"),
     "recognizer.random_subset": render_file_table("recognizer", "tables", "random_subset.csv"),
     "recognizer.classwise": render_file_table("recognizer", "tables", "classwise.csv"),
