@@ -306,6 +306,12 @@ def test_cross_attention_merge_fits_each_runs_projection_on_its_own_conditions()
     assert torch.equal(merged[query], merge_changes(base, runs)[query])  # not a projection: summed
     far = merge_cross_attention(base, runs, conditions, preserve, 1.0, lam=1e6)
     torch.testing.assert_close(far[key], base[key], rtol=0, atol=1e-4)  # a strong pull keeps the base
+    # keys_values: the same closed-form keys and values, every other parameter left at the base (not in the result)
+    only = merge_cross_attention(base, runs, conditions, preserve, preserve_weight=1.0, lam=1e-4, others="base")
+    assert set(only) == {n for n in names if n.endswith(("attn2.to_k.weight", "attn2.to_v.weight"))} and query not in only
+    assert all(torch.equal(only[n], merged[n]) for n in only)
+    with pytest.raises(ValueError, match="others='mean'"):
+        merge_cross_attention(base, runs, conditions, preserve, 1.0, 1e-4, others="mean")
 
 
 def _summary_table() -> pd.DataFrame:

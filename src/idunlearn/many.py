@@ -42,7 +42,7 @@ from .selection import anchor_for_tau, experiment_selections, forget_identity_or
 
 MODES = ("joint", "sequential")
 PROTECTIONS = ("none", "replay", "replay_eupmu")
-MERGES = ("sum", "cross_attention")
+MERGES = ("sum", "cross_attention", "keys_values")
 _ORDERS = 21  # the order draws' stream, apart from selection.py's (1-4) and the request's (11)
 # the issue's targets at the largest N / after the chain: every identity's FA at most this, retain ISM at least
 # this share of the original model's on the same samples

@@ -23,7 +23,7 @@ with stage_log(snakemake.log[0], "many_merge") as log:
         conditions, preserve = merge_conditions(generator, selections, pd.read_parquet(i.faces),
                                                 pd.read_parquet(i.centroids), p.settings["merge_mixtures"], p.seed)
         merged = merge_cross_attention(base, changed, conditions, preserve, p.settings["merge_preserve_weight"],
-                                       p.settings["merge_lambda"])
+                                       p.settings["merge_lambda"], others="base" if p.merge == "keys_values" else "sum")
     with atomic_path(out.changed) as tmp:  # the runs' file format: the new values of the parameters they changed
         save_file({name: tensor.contiguous() for name, tensor in merged.items()}, str(tmp))
     seconds = time.perf_counter() - started

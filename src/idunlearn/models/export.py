@@ -196,17 +196,23 @@ def is_condition_projection(name: str) -> bool:
 
 def merge_cross_attention(base: dict[str, torch.Tensor], changed: list[dict[str, torch.Tensor]],
                           conditions: list[torch.Tensor], preserve: torch.Tensor, preserve_weight: float,
-                          lam: float) -> dict[str, torch.Tensor]:
+                          lam: float, others: str = "sum") -> dict[str, torch.Tensor]:
     """A closed-form merge in the spirit of UCE (its objective and solution as PIU appendix C.2 eqs. 34-35 restate
     them, with the runs' own projections as the targets): every cross-attention key and value weight W solves
     min sum_j ||W C_j - W_j C_j||^2 / n_j + a ||W C_p - W_0 C_p||^2 / n_p + lam ||W - W_0||^2, i.e.
     W = (sum_j W_j G_j + a W_0 G_p + lam W_0)(sum_j G_j + a G_p + lam I)^-1 with G = C^T C / n: on run j's own
     conditions (``conditions[j]``, rows of condition tokens) the merged projection
     gives what run j's does, on the ``preserve`` rows what the base's does. Every other changed parameter (queries,
-    outputs, anything that sees the image features) is the sum of changes (``merge_changes``)."""
+    outputs, anything that sees the image features) is the sum of changes (``merge_changes``) with ``others="sum"``,
+    or keeps the base's value with ``others="base"`` (left out of the result: only keys and values change, as UCE
+    edits them)."""
     if len(conditions) != len(changed):
         raise ValueError(f"{len(changed)} runs but {len(conditions)} condition sets: one set per run")
+    if others not in ("sum", "base"):
+        raise ValueError(f"others={others!r}: 'sum' (sum the other changed parameters' changes) or 'base' (keep them)")
     out = merge_changes(base, changed)
+    if others == "base":
+        out = {name: value for name, value in out.items() if is_condition_projection(name) and base[name].ndim == 2}
 
     def gram(rows: torch.Tensor) -> torch.Tensor:
         rows = rows.detach().reshape(-1, rows.shape[-1]).to(torch.float64)
