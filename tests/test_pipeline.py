@@ -330,10 +330,10 @@ def test_many_identities_jointly_in_chains_and_merged_and_a_changed_identity_rer
     workdir = two_runs[1][0]
     res, identity = workdir / "results", _identity(workdir)
     many = {"run": "piu", "joint_sizes": [1, 2], "sequential_length": 2, "sequential_protections": ["none", "replay"],
-            "merges": ["sum"], "joint_budget": {"forget_batch": "per_identity"}}
+            "merges": ["sum", "keys_values"], "joint_budget": {"forget_batch": "per_identity"}}
     ran = _jobs(snakemake(workdir, "many", configfile=_config(workdir, "many", {**QUICK, "many": many})))
     assert len(ran["many_unlearn_single"]) == 2 and len(ran["many_unlearn_joint"]) == 1, ran
-    assert len(ran["many_unlearn_step"]) == 2 and len(ran["many_merge"]) == 1, ran
+    assert len(ran["many_unlearn_step"]) == 2 and len(ran["many_merge"]) == 2, ran
     assert "unlearn" not in ran and "evaluate_unlearned" not in ran  # the study's jobs are not touched
     # N = 1 and every chain's first step are the single job: the ordinary unlearn job of that identity, byte for byte
     single = (res / "unlearning" / "piu" / str(identity) / "changed_parameters.safetensors").read_bytes()
@@ -347,9 +347,12 @@ def test_many_identities_jointly_in_chains_and_merged_and_a_changed_identity_rer
     assert set(chain["strategy"]) == {"sequential/none", "sequential/replay"}
     assert {"fa_forget", "ism_forget_before", "ism_retain", "srk_pooled", "seconds_total"} <= set(chain.columns)
     assert chain.groupby(["strategy", "size"])["steps_total"].first().tolist() == [6, 12, 6, 12]
-    assert tables["merge"]["steps_total"].iloc[0] == 12  # the two single jobs it merged
-    assert set(tables["strategies"]["strategy"]) == {"joint", "sequential/none", "sequential/replay", "merge/sum"}
-    assert len(tables["comparisons"]) == 6 * 6  # 6 pairs of strategies x 6 metrics
+    assert tables["merge"]["steps_total"].tolist() == [12] * 4  # per merge, the two single jobs it merged
+    keys_values = json.loads((res / "many" / "piu" / "o0" / "merge_keys_values" / "n2" / "timings.json").read_text())
+    assert keys_values["settings"]["merge_mixtures"] == 32  # a closed form: it reads the merge settings
+    assert set(tables["strategies"]["strategy"]) == {"joint", "sequential/none", "sequential/replay", "merge/sum",
+                                                     "merge/keys_values"}
+    assert len(tables["comparisons"]) == 10 * 6  # 10 pairs of strategies x 6 metrics
     replay = json.loads((res / "many" / "piu" / "o0" / "replay" / "step2" / "timings.json").read_text())
     assert replay["run"]["forget_batch"] == 2 + 8 and replay["weights"] == [8.0, 2.0]  # replay batch, own batch
     for mode in ("joint", "sequential"):
