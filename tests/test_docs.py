@@ -192,7 +192,7 @@ def test_an_external_model_is_compared_with_the_original_identity_by_identity(tm
 
 
 def test_many_jobs_are_one_line_each_in_forgetting_order(tmp_path):
-    from idunlearn.docs import render_many_jobs
+    from idunlearn.docs import MissingResults, render_many_jobs
 
     (tmp_path / "tables").mkdir()
     job = {"run": "piu", "strategy": "joint", "order": 0, "size": 2, "ism_retain": 0.6, "ism_retain_before": 0.75,
@@ -209,6 +209,11 @@ def test_many_jobs_are_one_line_each_in_forgetting_order(tmp_path):
     assert line["retain ISM after / before"] == "0.600 / 0.750 (0.80 x)"  # 0.6 / 0.75 by hand
     assert line["retain faces detected after (before)"] == "75% (100%)"
     assert line["pooled SRK after (before)"] == "40.0 (1.000)" and line["seconds, every job it took"] == "1,234"
+    # a table written before the detection rate existed keeps the block's text, naming what is missing
+    pd.DataFrame(rows).drop(columns=["detection_rate_retain"]).to_csv(tmp_path / "tables" / "many_joint.csv",
+                                                                      index=False)
+    with pytest.raises(MissingResults, match=r"lacks the columns \['detection_rate_retain'\]"):
+        render_many_jobs("many_joint.csv")(tmp_path, None)
 
 
 def test_many_strategies_are_one_line_each_with_intervals_and_orders_meeting_each_target(tmp_path):

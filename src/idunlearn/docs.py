@@ -63,11 +63,17 @@ def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
     return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)]) + "\n"
 
 
-def _read(results: Path, *parts: str) -> pd.DataFrame:
+def _read(results: Path, *parts: str, columns: Iterable[str] = ()) -> pd.DataFrame:
+    """A result table; ``columns`` it must hold (a table an older version wrote may lack newer ones)."""
     path = results.joinpath(*parts)
     if not path.is_file():
         raise MissingResults(str(path))
-    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    table = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise MissingResults(f"{path} lacks the columns {missing}: an older version wrote it; rerun the stage "
+                             "that writes it (snakemake reruns it after an upgrade, or use --forcerun RULE)")
+    return table
 
 
 def _runs(argument: str | None) -> list[str]:
@@ -265,7 +271,7 @@ def render_many_jobs(name: str) -> Callable[[Path, str | None], str]:
     model's on the same samples, the retain samples' face-detection rate, pooled SRK and the seconds of every job it
     took."""
     def render(results: Path, argument: str | None) -> str:
-        table = _read(results, "tables", name)
+        table = _read(results, "tables", name, columns=["detection_rate_retain", "detection_rate_retain_before"])
         rows = []
         for (strategy, order, size), job in table.groupby(["strategy", "order", "size"], sort=False):
             job = job.sort_values("forgotten_at")
@@ -290,7 +296,7 @@ def render_many_jobs(name: str) -> Callable[[Path, str | None], str]:
 def render_many_strategies(results: Path, argument: str | None) -> str:
     """One line per strategy of results/tables/many_strategies.csv at its largest size: each metric's mean over the
     identity orders with its Student-t 95% interval, and per target how many orders meet it (FA and retain ratio)."""
-    table = _read(results, "tables", "many_strategies.csv")
+    table = _read(results, "tables", "many_strategies.csv", columns=["detection_rate_retain"])
     rows = []
     for row in table.to_dict("records"):
         def cell(metric):
