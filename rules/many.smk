@@ -149,7 +149,7 @@ rule many_merge:
         merge=lambda wc: wc.merge,
         identities=lambda wc: many_order_ids(wc)[:int(wc.n)],
         settings=lambda wc: {k: many_settings()[k] for k in ("merge_mixtures", "merge_preserve_weight",
-                                                              "merge_lambda")} if wc.merge != "sum" else {},  # closed forms
+                                                              "merge_lambda")} if wc.merge in CLOSED_FORM_MERGES else {},
         generator=config["generator"],
         device=config["unlearning"]["device"],
         seed=config["seed"],

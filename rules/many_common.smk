@@ -1,7 +1,7 @@
 # Config getters of the many stage (rules/many.smk).
 
 from idunlearn.config import job_settings, tuned_base
-from idunlearn.many import MERGES, PROTECTIONS, evaluated_steps, identity_orders, joint_run, step_run
+from idunlearn.many import CLOSED_FORM_MERGES, MERGES, PROTECTIONS, evaluated_steps, identity_orders, joint_run, step_run
 from idunlearn.unlearning import METHODS
 
 

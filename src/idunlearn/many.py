@@ -42,7 +42,10 @@ from .selection import anchor_for_tau, experiment_selections, forget_identity_or
 
 MODES = ("joint", "sequential")
 PROTECTIONS = ("none", "replay", "replay_eupmu")
-MERGES = ("sum", "cross_attention", "keys_values")
+# the closed-form merges (models.export.merge_cross_attention) and what each does with the changed parameters
+# that are not keys or values: sum their changes, or keep the base's
+CLOSED_FORM_MERGES = {"cross_attention": "sum", "keys_values": "base"}
+MERGES = ("sum", *CLOSED_FORM_MERGES)
 _ORDERS = 21  # the order draws' stream, apart from selection.py's (1-4) and the request's (11)
 # the issue's targets at the largest N / after the chain: every identity's FA at most this, retain ISM at least
 # this share of the original model's on the same samples
