@@ -84,7 +84,8 @@ rule many_unlearn_joint:
         device=config["unlearning"]["device"],
         seed=config["seed"],
         state=lambda wc: results("many", wc.run, f"o{wc.order}", "joint", f"n{wc.n}", "resume_state.pt"),
-    threads: 2
+    # the orders' chains and joint jobs are independent, so one-thread jobs side by side beat two-thread ones
+    threads: JOB_THREADS
     resources:
         gpu=1,
         mem_mb=8000,
