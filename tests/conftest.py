@@ -59,13 +59,18 @@ def dlib_models_dir(default_config, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def two_runs(tmp_path_factory):
     """The reduced default pipeline (``workflow_harness.QUICK``) run twice from scratch in two folders, once per test
-    session: tests/test_docs.py reads the first; tests/test_pipeline.py reads both, then reruns and extends them."""
-    from workflow_harness import QUICK, prepare_workdir, snakemake
+    session: tests/test_docs.py reads the first; tests/test_pipeline.py reads both, then reruns and extends them.
+    The two run at the same time: each is mostly one job after another, so together they fill the cores better (every
+    job still has one thread, so the tables do not depend on it)."""
+    from workflow_harness import QUICK, finish, prepare_workdir, start_snakemake
 
-    runs = []
+    started = []
     for name in ("a", "b"):
         workdir = tmp_path_factory.mktemp(f"pipeline_{name}")
         cfg = prepare_workdir(workdir, QUICK)
-        proc = snakemake(workdir, configfile=cfg)
-        runs.append((workdir, cfg, proc))
-    return runs
+        started.append((workdir, cfg, start_snakemake(workdir, configfile=cfg)))
+    try:
+        return [(workdir, cfg, finish(proc)) for workdir, cfg, proc in started]
+    finally:
+        for _, _, proc in started:
+            proc.kill()  # the other run, when one failed

@@ -7,7 +7,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -40,17 +43,52 @@ def prepare_workdir(workdir: Path, overrides: dict | None = None, base: str = "c
     return path
 
 
-def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None, check: bool = True,
-              timeout: int = 1200) -> subprocess.CompletedProcess:
+@dataclass
+class Started:
+    """A Snakemake run going on in the background, its output collected in files (not pipes: a run nobody is reading
+    yet must not stall on a full pipe)."""
+    process: subprocess.Popen
+    stdout: IO[str]
+    stderr: IO[str]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None) -> Started:
     # --configfile takes several values (merged in order): it goes last, after the targets
     files = configfile if isinstance(configfile, list) else [configfile or workdir / "config" / "config.yaml"]
     cmd = [*SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *CORES, *args,
            "--configfile", *map(str, files)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=workdir)
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    return Started(subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=workdir), out, err)
+
+
+def finish(started: Started, check: bool = True, timeout: int = 1200) -> subprocess.CompletedProcess:
+    try:
+        started.process.wait(timeout=timeout)
+    finally:
+        started.kill()
+    stdout, stderr = (_read_back(f) for f in (started.stdout, started.stderr))
+    proc = subprocess.CompletedProcess(started.process.args, started.process.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def _read_back(stream: IO[str]) -> str:
+    stream.seek(0)
+    text = stream.read()
+    stream.close()
+    return text
+
+
+def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None, check: bool = True,
+              timeout: int = 1200) -> subprocess.CompletedProcess:
+    return finish(start_snakemake(workdir, *args, configfile=configfile), check, timeout)
 
 
 def jobs_run(proc: subprocess.CompletedProcess) -> list[tuple[str, str]]:
