@@ -160,10 +160,13 @@ rule audit_tables:
         # every run against the never-trained reference (audit.verdict.reference; empty when it is not audited)
         against_reference=report(results("tables", "audit_vs_reference.csv"), category="Forgetting audit"),
         relearning_curves=report(results("figures", "audit", "relearning_curves.png"), category="Forgetting audit"),
+        # every run against the removal targets under the held-out attacks (audit.targets)
+        targets=report(results("tables", "audit_targets.csv"), category="Forgetting audit"),
     params:
         seed=config["seed"],
         verdict=config["audit"]["verdict"],
         reference=audit_reference(),
+        targets=config["audit"]["targets"],
     log:
         logs("audit_tables"),
     conda:

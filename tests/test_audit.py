@@ -169,6 +169,8 @@ def test_audit_rows_tables_and_markdown():
     summary = audit_summary(table, seed=0).set_index(["run", "probe", "setting", "metric"])
     assert summary.loc[("original", "evaluation", "forget", "fa"), "mean"] == 1.0
     assert summary.loc[("piu", "evaluation", "forget", "fa"), "mean"] == 0.0
+    assert summary.loc[("original", "evaluation", "retain", "ism"), "mean"] == pytest.approx(0.75)  # (0.8 + 0.7) / 2
+    assert summary.loc[("piu", "evaluation", "retain", "ism"), "mean"] == pytest.approx(0.7)
     text = audit_markdown(summary.reset_index(), {"tau": 0.5, "far_target": 0.01, "far_heldout": 0.008})
     assert text.index("| original |") < text.index("| piu |") and "| Leak@1 | Leak@4 |" in text
     assert "attack success |" not in text  # the light audit (no attack probe) shows no attack columns

@@ -214,6 +214,35 @@ def render_audit_comparisons(results: Path, argument: str | None) -> str:
     return markdown_table(["runs", "measure", "n", "difference (95% interval)", "p"], rows)
 
 
+def _against(row, side: str) -> str:
+    """'difference (t interval), Holm p' of a target row against the run named in its ``<side>_run`` column."""
+    if pd.isna(row[f"{side}_run"]):
+        return "-"
+    return (f"{interval(row[f'{side}_mean_diff'], row[f'{side}_t_low'], row[f'{side}_t_high'])}, "
+            f"p {p_value(row[f'{side}_p_holm'])}")
+
+
+def render_audit_targets(results: Path, argument: str | None) -> str:
+    """Per listed run (``tables/audit_targets.csv``): each removal target under the held-out attacks with the run's
+    mean (95% identity-bootstrap interval), whether the mean meets it and by how much it misses, and the run minus
+    compare_to and minus the never-trained reference (Student-t interval, Holm-corrected Wilcoxon p)."""
+    table = _read(results, "tables", "audit_targets.csv")
+    runs = _runs(argument) or sorted(table["run"].unique())
+    _require_runs(table, runs, "tables/audit_targets.csv")
+    rows = []
+    for row in table[table["run"].isin(runs)].to_dict("records"):
+        sign = ">=" if row["kind"] == "retain_ratio" else "<="
+        status = "met" if row["met"] else f"missed by {number(abs(row['margin']))}"
+        rows.append([f"`{row['run']}`", row["target"], f"{sign} {number(row['bound'])}", str(row["n"]),
+                     interval(row["mean"], row["ci_low"], row["ci_high"]), status,
+                     *(_against(row, side) for side in ("compare", "reference"))])
+    compare, reference = (next((r for r in table[f"{side}_run"].dropna().unique()), "-")
+                          for side in ("compare", "reference"))
+    return markdown_table(["run", "target", "bound", "identities", "mean (95% interval)", "status",
+                           f"minus `{compare}` (t interval), Holm p", f"minus `{reference}` (t interval), Holm p"],
+                          rows)
+
+
 EXTERNAL_ROWS = {"ism_forget": "forget ISM", "acc_forget": "forget samples identified as the person (nearest centroid)",
                  "ism_retain": "retain-validation ISM",
                  "acc_retain": "retain samples identified as their identity (nearest centroid)",
@@ -320,6 +349,7 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "audit.probes": render_audit_probes,
     "audit.verdicts": render_audit_verdicts,
     "audit.comparisons": render_audit_comparisons,
+    "audit.targets": render_audit_targets,
     "evaluation.external": render_external_evaluation,
     "controllable.front": render_file_table("tables", "pareto_summary.csv"),
     "many.joint": render_many_jobs("many_joint.csv"),

@@ -2,6 +2,7 @@ import os
 
 import pandas as pd
 
+from idunlearn.audit.targets import audit_targets
 from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, plot_locality,
                                     plot_neighbourhood, plot_relearning_curves)
 from idunlearn.audit.verdicts import (identity_verdicts, paired_comparisons, reference_comparisons,
@@ -29,6 +30,8 @@ with stage_log(snakemake.log[0], "audit_tables"):
     write_csv(verdicts, out.verdicts)
     write_csv(comparisons, out.comparisons)
     write_csv(against_reference, out.against_reference)
+    write_csv(audit_targets(table, params.targets, params.reference, params.verdict["reference"], params.seed),
+              out.targets)
     with atomic_path(out.summary_md) as tmp:
         tmp.write_text(audit_markdown(summary, read_json(i.verification), table)
                        + verdict_markdown(verdicts, comparisons, params.verdict)

@@ -71,13 +71,15 @@ def probe_rows(scored: pd.DataFrame, tau: float, ks) -> list[dict]:
 
 def evaluation_rows(samples: pd.DataFrame, tau: float) -> list[dict]:
     """Calibrated verification of the evaluation's own samples: FA of the forget samples (verified as the forget
-    identity), the verification rate of the retain samples (verified as their own identity), and the forget ISM (the
-    attack's control bound reads it from the original model)."""
+    identity), the verification rate of the retain samples (verified as their own identity), the forget ISM (the
+    attack's control bound reads it from the original model) and the retain ISM (PIU eq. 7 over the retain samples:
+    the audit's retain target compares runs by it)."""
     is_verified = verified(samples, tau)
     forget = (samples["kind"] == "forget").to_numpy()
     return [share_row("evaluation", kind, "fa" if kind == "forget" else "verified", is_verified[mask])
             for kind, mask in (("forget", forget), ("retain", ~forget))] + [
-        mean_row("evaluation", "forget", "ism", samples.loc[forget, "own_cosine"])]
+        mean_row("evaluation", kind, "ism", samples.loc[mask, "own_cosine"])
+        for kind, mask in (("forget", forget), ("retain", ~forget))]
 
 
 def locality_rows(before: pd.DataFrame, after: pd.DataFrame, centroids: pd.DataFrame, forget: int) -> list[dict]:

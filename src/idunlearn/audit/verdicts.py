@@ -48,7 +48,7 @@ COMPARISON_COLUMNS = ["run", "reference", "probe", "setting", "metric", "n", "me
 LOCALITY_MEAN = ("locality", "mean", "ism_delta")  # retain ISM after - before over all retain samples
 
 
-def _values(table: pd.DataFrame, probe: str, setting: str, metric: str, column: str = "value") -> pd.Series:
+def row_values(table: pd.DataFrame, probe: str, setting: str, metric: str, column: str = "value") -> pd.Series:
     """(run, identity) -> ``column`` of one audit row kind; LOCALITY_MEAN: the job's retain identities' ISM changes
     weighted by their sample counts, i.e. the mean change over all retain samples."""
     if (probe, setting, metric) == LOCALITY_MEAN:
@@ -66,7 +66,7 @@ def above_reference(table: pd.DataFrame, reference: str | None, metric: str,
     (Fisher 1922), p < ``alpha``; only identities the reference was audited on (with that metric)."""
     if reference is None:
         return {}
-    share, n = (_values(table, "attack", "best", metric, column) for column in ("value", "n"))
+    share, n = (row_values(table, "attack", "best", metric, column) for column in ("value", "n"))
     if reference not in share.index.get_level_values("run"):
         return {}
     hits = (share * n).round()
@@ -92,7 +92,7 @@ def identity_verdicts(table: pd.DataFrame, light_max_fa: float, recovered_min_fa
     audited = table[table["run"] != ORIGINAL]
     if audited.empty:
         return pd.DataFrame(columns=VERDICT_COLUMNS)
-    frame = pd.DataFrame({name: _values(audited, *key) for name, key in columns.items()})
+    frame = pd.DataFrame({name: row_values(audited, *key) for name, key in columns.items()})
     frame["photo_fa"] = frame[["photo_train", "photo_val"]].max(axis=1)  # NaN only when neither photo set exists
     # against the never-trained reference where it was audited (the reference itself: the absolute rule)
     relative_first, relative_second = (
@@ -191,7 +191,7 @@ def paired_comparisons(table: pd.DataFrame, reference: str | None, seed: int) ->
     runs = sorted(set(table["run"]) - {reference, ORIGINAL})
     records = []
     for probe, setting, metric in compared_rows(table):
-        values = _values(table, probe, setting, metric)
+        values = row_values(table, probe, setting, metric)
         if reference not in values.index.get_level_values("run"):
             continue
         base = values.loc[reference]
