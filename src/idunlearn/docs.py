@@ -230,7 +230,7 @@ def render_audit_targets(results: Path, argument: str | None) -> str:
     runs = _runs(argument) or sorted(table["run"].unique())
     _require_runs(table, runs, "tables/audit_targets.csv")
     rows = []
-    for row in table[table["run"].isin(runs)].to_dict("records"):
+    for row in (r for run in runs for r in table[table["run"] == run].to_dict("records")):  # grouped by run
         sign = ">=" if row["kind"] == "retain_ratio" else "<="
         status = "met" if row["met"] else f"missed by {number(abs(row['margin']))}"
         rows.append([f"`{row['run']}`", row["target"], f"{sign} {number(row['bound'])}", str(row["n"]),
