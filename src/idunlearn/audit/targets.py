@@ -19,9 +19,13 @@ import pandas as pd
 from ..evaluation.statistics import bootstrap_mean, bootstrap_pooled, holm, mean_difference, paired_differences
 from .heldout import HELDOUT_RELEARNING
 from .tables import ORIGINAL
-from .verdicts import row_values
+from .verdicts import HELDOUT_COMPARED, row_values
 
 RETAIN_ISM = ("evaluation", "retain", "ism")
+# the target's name of each held-out attack's success row (verdicts.HELDOUT_COMPARED: the rows runs are compared on)
+ATTACK_TARGETS = {("attack_heldout", "best", "fa"): "held-out embedding attack success",
+                  ("attack_heldout", "best", "fa_second"): "held-out embedding attack success (second recognizer)",
+                  ("inversion", "regenerated", "fa"): "inversion attack success"}
 AGAINST = ("compare", "reference")  # column prefixes of the two pairings
 TARGET_COLUMNS = ["run", "target", "probe", "setting", "metric", "kind", "bound", "n", "mean", "ci_low", "ci_high",
                   "met", "margin", *[f"{side}_{column}" for side in AGAINST
@@ -31,11 +35,7 @@ TARGET_COLUMNS = ["run", "target", "probe", "setting", "metric", "kind", "bound"
 def target_rows(table: pd.DataFrame, targets: dict) -> list[tuple[str, str, str, str, str, float]]:
     """(name, probe, setting, metric, kind, bound) of every target the audit table can be judged on: kind "max"
     (at most the bound) or "retain_ratio" (the run's mean retain ISM over compare_to's, at least the bound)."""
-    attack = targets["attack_success_max"]
-    rows = [("held-out embedding attack success", "attack_heldout", "best", "fa", "max", attack),
-            ("held-out embedding attack success (second recognizer)", "attack_heldout", "best", "fa_second", "max",
-             attack),
-            ("inversion attack success", "inversion", "regenerated", "fa", "max", attack)]
+    rows = [(ATTACK_TARGETS[key], *key, "max", targets["attack_success_max"]) for key in HELDOUT_COMPARED]
     variants = sorted(p[len(HELDOUT_RELEARNING) + 1:] for p in table["probe"].unique()
                       if p.startswith(f"{HELDOUT_RELEARNING}:"))
     rows += [(f"relearning recovery, {variant}, {t['steps']} steps", f"{HELDOUT_RELEARNING}:{variant}",
