@@ -1,7 +1,8 @@
 # Config getters of the many stage (rules/many.smk).
 
 from idunlearn.config import job_settings, tuned_base
-from idunlearn.many import CLOSED_FORM_MERGES, MERGES, PROTECTIONS, evaluated_steps, identity_orders, joint_run, step_run
+from idunlearn.many import (CLOSED_FORM_MERGES, MERGES, PROTECTIONS, evaluated_steps, identity_orders, joint_run,
+                            merge_sizes, step_run)
 from idunlearn.unlearning import METHODS
 
 
@@ -123,7 +124,7 @@ def many_table_jobs():
                     strategy, step, expand(rules.many_evaluate_step.output.samples, protection=protection,
                                            step=step, **wc)[0], chain[:step]))
         for merge in cfg["merges"]:
-            for n in sorted(n for n in cfg["joint_sizes"] if n > 1):
+            for n in merge_sizes(cfg):
                 singles = [many_single(rules.many_unlearn_single.output.timings, i) for i in ids[:n]]
                 jobs.append(job(f"merge/{merge}", n,
                                 expand(rules.many_evaluate_merge.output.samples, merge=merge, n=n, **wc)[0],

@@ -14,7 +14,8 @@ from idunlearn.config import ConfigError
 from idunlearn.evaluation.statistics import mean_ci
 from idunlearn.experiment import unlearn_selection, unlearning_data
 from idunlearn.many import (chosen_identities, forget_order, identity_orders, job_selections, job_table, joint_run,
-                            order_summary, replay_selections, step_run, strategy_comparisons, strategy_table)
+                            merge_sizes, order_summary, replay_selections, step_run, strategy_comparisons,
+                            strategy_table)
 from idunlearn.models.export import merge_changes, merge_cross_attention
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.selection import select_experiments
@@ -212,6 +213,14 @@ def test_step_settings_per_protection():
     assert eupmu["optimiser"] == "eupmu" and eupmu["forget_batch"] == 16
     with pytest.raises(ConfigError, match="'consolidate' is unknown"):
         step_run(run, "consolidate", 2, 8)
+
+
+def test_merge_sizes_default_to_the_joint_sizes_and_cannot_exceed_an_order():
+    cfg = {"identities": None, "joint_sizes": [8, 1, 2], "sequential_length": 8, "merge_sizes": None}
+    assert merge_sizes(cfg) == [2, 8]
+    assert merge_sizes({**cfg, "merge_sizes": [8, 4]}) == [4, 8]
+    with pytest.raises(ConfigError, match="'many.merge_sizes': N = 9 exceeds the 8 identities"):
+        merge_sizes({**cfg, "merge_sizes": [9]})
 
 
 def test_identity_orders_are_seeded_draws_after_the_chosen_one():

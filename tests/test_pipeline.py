@@ -385,6 +385,8 @@ def test_many_identities_jointly_in_chains_and_merged_and_a_changed_identity_rer
                             ("many_merge", "merge=sum, n=8"), ("many_merge", "merge=cross_attention, n=8")):
         orders = {w.split("order=")[1].split(",")[0] for r, w in dry if r == rule and wildcards in w}
         assert orders == {"0", "1", "2"}, (rule, dry)
+    merged = {dict(part.split("=", 1) for part in w.split(", "))["n"] for r, w in dry if r == "many_merge"}
+    assert merged == {"2", "8"}, dry  # many.merge_sizes
 
 
 def test_forget_request_from_a_folder_exports_the_model_and_reports_the_rejected_files(two_runs):

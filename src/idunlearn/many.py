@@ -96,6 +96,16 @@ def identity_orders(cfg: dict, order: list[int], seed: int) -> list[list[int]]:
     return [first, *draws]
 
 
+def merge_sizes(cfg: dict) -> list[int]:
+    """The N of each merge: ``merge_sizes``, or every joint size above 1; an N beyond ``needed(cfg)`` is a clear
+    error (an order holds no more identities)."""
+    sizes = sorted(n for n in cfg["joint_sizes"] if n > 1) if cfg["merge_sizes"] is None else sorted(cfg["merge_sizes"])
+    if sizes and sizes[-1] > needed(cfg):
+        raise ConfigError(f"config key 'many.merge_sizes': N = {sizes[-1]} exceeds the {needed(cfg)} identities an "
+                          "order holds (the largest of joint_sizes and sequential_length); lower it or raise those")
+    return sizes
+
+
 def evaluated_steps(cfg: dict) -> list[int]:
     """The chain steps evaluated: every joint size up to the chain's length, and its last step."""
     return sorted({n for n in cfg["joint_sizes"] if n <= cfg["sequential_length"]} | {cfg["sequential_length"]})
