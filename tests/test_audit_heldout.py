@@ -2,6 +2,7 @@
 that touches only its adapter, DDIM inversion that redraws the photo, a whole generator evaluated as run `retrain`
 only on the people it never saw, and verdicts against it."""
 
+import copy
 import importlib
 
 import numpy as np
@@ -70,6 +71,31 @@ def test_lora_relearning_changes_only_the_adapter():
     assert any(not torch.equal(p, before[id(p)]) for p in adapter)  # the adapter did train
     added = {n for n in after if n not in base and ".base." not in n}
     assert len(added) == len(adapter) and all(".attn2." in n and ".lora_" in n for n in added)
+
+
+def test_a_lora_variant_starts_from_the_model_as_given_so_its_first_measurement_is_shared():
+    generator = tiny_generator(1)
+    gen = torch.Generator().manual_seed(3)
+    x_t, t = torch.randn(2, *generator.latent_shape, generator=gen), torch.tensor([10, 500])
+    cond = generator.conditions(torch.randn(2, 16, generator=gen))
+    calls = []
+
+    def measure(g):
+        calls.append(1)
+        with torch.no_grad():
+            return {"noise": g.predict_noise(x_t, t, cond)}
+
+    generator.unet.eval()
+    given = measure(generator)
+    adapted = copy.deepcopy(generator)
+    adapter = add_cross_attention_lora(adapted.unet, rank=4, seed=7)
+    assert torch.equal(measure(adapted)["noise"], given["noise"])  # B = 0: bit for bit the model as given
+    latents, embeddings = torch.rand(4, *generator.latent_shape) * 2 - 1, np.ones((4, 16), np.float32)
+    calls.clear()
+    records = relearn(adapted, latents, embeddings, [0, 2], {"regime": "full", "batch": 2, "lr": 1e-2}, seed=0,
+                      measure=measure, params=adapter, initial=given)
+    assert len(calls) == 1 and records[0]["noise"] is given["noise"]  # k = 0 taken from `initial`, k = 2 measured
+    assert not torch.equal(records[1]["noise"], given["noise"])
 
 
 def test_inversion_then_regeneration_redraws_the_photo_better_than_random_noise():

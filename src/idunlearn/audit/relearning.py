@@ -31,11 +31,12 @@ CONTROL_SEED_OFFSET = 100_000  # the control identity's samples: apart from the 
 
 def relearn(generator: IdentityGenerator, latents: torch.Tensor, embeddings: np.ndarray, checkpoints, cfg: dict,
             seed: int, measure: Callable[[IdentityGenerator], dict],
-            params: list[torch.nn.Parameter] | None = None) -> list[dict]:
+            params: list[torch.nn.Parameter] | None = None, initial: dict | None = None) -> list[dict]:
     """Fine-tune ``generator`` in place on (clean latent, own embedding) pairs and ``measure`` it at every step count
     in ``checkpoints`` (0 measures the model as given). ``cfg``: regime, batch, lr (AdamW, no weight decay);
-    ``params``: the tensors that train instead of the regime's (a LoRA adapter's). Returns one record per
-    checkpoint: {"k": k, **measure(generator)}."""
+    ``params``: the tensors that train instead of the regime's (a LoRA adapter's); ``initial``: the measurement
+    of the model as given when it is already taken (it is then the k = 0 record, not measured again). Returns one
+    record per checkpoint: {"k": k, **measure(generator)}."""
     steps = sorted({int(k) for k in checkpoints})
     if not steps or steps[0] < 0:
         raise ValueError(f"config key 'audit.probes.relearning.steps': non-negative step counts needed (got {steps})")
@@ -51,7 +52,7 @@ def relearn(generator: IdentityGenerator, latents: torch.Tensor, embeddings: np.
             finetune_step(generator, optimiser, latents, embeddings, cfg["batch"], rng, gen)
             done += 1
         generator.unet.eval()
-        records.append({"k": k, **measure(generator)})
+        records.append({"k": k, **(initial if done == 0 and initial is not None else measure(generator))})
     return records
 
 

@@ -55,6 +55,9 @@ def heldout_relearning_rows(generator: IdentityGenerator, analyser: FaceAnalyser
     else:
         measure, n, own = control_measure(analyser, selection, faces, labels, centroids, evaluation_cfg, tau, seed)
     count = relearning_cfg["images"]
+    # every variant starts from the same model (a LoRA adapter starts at zero), so k = 0 is measured once
+    generator.unet.eval()
+    initial = measure(generator) if 0 in cfg["steps"] else None
     rows = []
     for name, variant in sorted(cfg["variants"].items()):
         model, variant_seed = copy.deepcopy(generator), heldout_seed(seed, "relearning_heldout", name)
@@ -63,7 +66,7 @@ def heldout_relearning_rows(generator: IdentityGenerator, analyser: FaceAnalyser
         images = benign_images(selection, faces, labels, count) if variant["data"] == "benign" else own[:count]
         settings = {**relearning_cfg, "lr": relearning_cfg["lr"] * variant["lr_scale"]}
         records = relearn(model, *image_pairs(model, manifest, faces, images), cfg["steps"], settings, variant_seed,
-                          measure, adapter)
+                          measure, adapter, initial)
         probe = HELDOUT_RELEARNING if forget_side else CONTROL_PROBE
         rows += relearning_rows(records, f"{probe}:{name}", ism_before, n)
     return rows
