@@ -253,18 +253,9 @@ def tuning_selection_file(wildcards):
     return os.path.join(folder, f"{wildcards.identity}.json")
 
 
-def method_tuning_settings(method):
-    """The tuning settings of one method (tuning.methods key), by name; an untuned method is a clear error."""
-    settings = {name: s for name, s in tuning_settings(config).items() if s["base"] == method}
-    if not settings:
-        raise ValueError(f"run {method}.tuned: config key 'tuning.methods' has no grid for {method!r}; add one there")
-    return settings
-
-
 def tuning_choice_input(wildcards):
-    """A <run>.tuned run reads its settings from its method's tuning choice (the unlearn script applies them)."""
-    base = tuned_base(wildcards.run)
-    return expand(rules.tune_choose_method.output.choice, method=base) if base else []
+    """A <run>.tuned run reads its settings from the tuning's choice (the unlearn script applies them)."""
+    return [rules.tune_choose.output.choice] if tuned_base(wildcards.run) else []
 
 
 def tune_tables(wildcards):

@@ -94,27 +94,6 @@ use rule tune_evaluate_original as tune_evaluate_unlearned with:
         logs("tune/evaluate/after/{run}/{identity}"),
 
 
-# Each method's choice on its own, so that a <method>.tuned run waits only for its method's grid (the robust audit
-# tunes UCE and ESD-style, not the full-UNet SISS and WID grids). The same rule and functions as the tables below.
-rule tune_choose_method:
-    input:
-        before=lambda wc: expand(rules.tune_evaluate_original.output.samples, identity=tuning_identities()),
-        after=lambda wc: expand(rules.tune_evaluate_unlearned.output.samples, run=list(method_tuning_settings(wc.method)),
-                                identity=tuning_identities()),
-    output:
-        choice=results("tuning", "choice", "{method}.json"),
-    params:
-        settings=lambda wc: method_tuning_settings(wc.method),
-        rule=config["tuning"]["rule"],
-        success=config["tuning"]["success"],
-    log:
-        logs("tune/choose/{method}"),
-    conda:
-        "../environment.yml"
-    script:
-        "../workflow/scripts/tune_choose.py"
-
-
 rule tune_choose:
     input:
         before=lambda wc: expand(rules.tune_evaluate_original.output.samples, identity=tuning_identities()),

@@ -20,8 +20,7 @@ with stage_log(snakemake.log[0], "tune_choose") as log:
     table, choices = choose(score_settings(before, after, p.settings), p.rule, p.success)
     identities = sorted(before["forget_identity"].unique())
     log.info("\n%s\nchoices: %s", table.to_string(index=False), choices)
-    if hasattr(out, "grid"):  # the tables (rule tune_choose); rule tune_choose_method writes one method's choice
-        write_csv(table, out.grid)
-        with atomic_path(out.report) as tmp:
-            tmp.write_text(tuning_markdown(table, choices, p.rule, p.success, identities))
+    write_csv(table, out.grid)
+    with atomic_path(out.report) as tmp:
+        tmp.write_text(tuning_markdown(table, choices, p.rule, p.success, identities))
     write_json(choice_record(choices, p.settings, p.rule, identities), out.choice)
