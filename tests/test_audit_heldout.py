@@ -220,3 +220,55 @@ def test_audit_page_shows_the_heldout_attacks_their_controls_and_the_recovery_cu
     assert "FAILS" in held
     plot_relearning_curves(table, tmp_path / "curves.png", seed=0)
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_heldout_attack_control_identity_is_optional_and_leaves_the_forget_identitys_rows_alone(monkeypatch):
+    """An audited model's job runs the held-out attack without its control identity (the verdicts and targets read the
+    held-out controls from the original model's job): the forget identity's search and samples keep their seeds, so
+    its rows are the same either way. The search, sampling and scoring are stand-ins that record their seeds."""
+    from idunlearn.audit import attack
+
+    searched, drawn = [], []
+
+    def search(generator, latents, centroid, cfg, seed, recognizer=None):
+        searched.append((seed, cfg["steps"], cfg["restarts"]))
+        embedding = np.random.default_rng(seed).standard_normal(len(centroid)).astype(np.float32)
+        candidate = {"embedding": embedding, "loss": 0.5, "cosine": 0.3, "restart": 0, "step": cfg["steps"]}
+        return {**candidate, "candidates": [candidate], "restart_losses": [0.5]}
+
+    def generate(generator, embeddings, seeds, steps, guidance, batch_size):
+        drawn.append(tuple(seeds))
+        return np.zeros((len(embeddings), 4, 4, 3), np.uint8)
+
+    def score(table, images, analyser, centroids, anchor_identity=None):
+        own = (table["seed"] % 7 / 7.0).to_numpy()
+        return table.assign(own_cosine=own, detected=True, nearest_identity=table["target_identity"])
+
+    monkeypatch.setattr(attack, "attack_condition", search)
+    monkeypatch.setattr(attack, "real_latents", lambda generator, manifest, faces, images: images)
+    monkeypatch.setattr(attack, "generate_samples", generate)
+    monkeypatch.setattr(attack, "score_samples", score)
+    monkeypatch.setattr(attack, "verified", lambda scored, tau: (scored["own_cosine"] >= tau).to_numpy())
+    images = {1: ["a0", "a1"], 2: ["b0", "b1", "b2"]}
+    labels = pd.DataFrame({"image_id": [i for ids in images.values() for i in ids],
+                           "identity": [k for k, ids in images.items() for _ in ids]})
+    faces = pd.DataFrame({"image_id": labels["image_id"], "status": "ok", "embedding": [np.ones(4)] * len(labels)})
+    centroids = pd.DataFrame({"identity": [1, 2], "centroid": [np.ones(4), -np.ones(4)]})
+    selection = {"forget_identity": 1, "forget_train_images": ["a1", "a0"], "retain_val_identities": [2]}
+    cfg = {"steps": 5, "restarts": 2, "select": "loss", "samples": 3}
+
+    def rows(control: bool) -> pd.DataFrame:
+        return pd.DataFrame(attack.heldout_attack_rows(None, None, centroids, None, faces, labels, selection, cfg,
+                                                       {"budget": 2, "restarts": 6}, {"steps": 2, "guidance": 1.0,
+                                                                                      "batch_size": 4},
+                                                       tau=0.4, seed=3, control=control))
+
+    both, alone = rows(True), rows(False)
+    assert set(both["probe"]) == {"attack_heldout", "attack_heldout_control"}
+    assert set(alone["probe"]) == {"attack_heldout"}
+    pd.testing.assert_frame_equal(both[both["probe"] == "attack_heldout"].reset_index(drop=True), alone)
+    # the held-out budget (2 x 5 steps, 6 starts) and seeds; the control's search only where it is asked for
+    forget_search = (heldout_seed(3, "attack_heldout", 0), 10, 6)
+    assert searched == [forget_search, (heldout_seed(3, "attack_heldout", 1), 10, 6), forget_search]
+    first = heldout_seed(3, "attack_heldout", 10)
+    assert drawn[0] == drawn[2] == tuple(range(first, first + 3))

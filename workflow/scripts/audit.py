@@ -44,7 +44,8 @@ with stage_log(snakemake.log[0], "audit") as log:
                              tau, p.seed, recognizer, second)
         if "attack_heldout" in p.probes:
             extra += heldout_attack_rows(generator, analyser, centroids, manifest, faces, labels, selection, attack,
-                                         p.probes["attack_heldout"], p.evaluation, tau, p.seed, recognizer, second)
+                                         p.probes["attack_heldout"], p.evaluation, tau, p.seed, recognizer, second,
+                                         control=before is None)
     if "inversion" in p.probes:
         extra += inversion_rows(generator, analyser, centroids, manifest, faces, labels, selection,
                                 p.probes["inversion"], tau)

@@ -63,8 +63,8 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
 def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame, manifest: pd.DataFrame,
                 faces: pd.DataFrame, labels: pd.DataFrame, selection: dict, cfg: dict, sampler_cfg: dict, tau: float,
                 seed: int, recognizer=None, second=None, probe: str = "attack",
-                seeds: Callable[[int], tuple[int, int]] | None = None) -> list[dict]:
-    """The attack on the forget identity (probe ``probe``) and, as the control, on the first retain-validation
+                seeds: Callable[[int], tuple[int, int]] | None = None, control: bool = True) -> list[dict]:
+    """The attack on the forget identity (probe ``probe``) and, with ``control``, on the first retain-validation
     identity (``<probe>_control``), each from its own real images (forget-train images; the control identity's
     images): the winner's samples verified as the attacked identity (fa), their ISM, the winner's cosine to the
     centroid and its loss; with ``second`` (an ``audit.second_recognizer.SecondRecognizer``) also the winner's samples
@@ -73,11 +73,12 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
     seed + 600000 + 1000 x index."""
     seeds = seeds or (lambda index: (seed + index, seed + AUDIT_SEED_OFFSET + ATTACK_SEED_OFFSET + 1000 * index))
     cents = centroid_lookup(centroids)
-    control, control_images = control_identity(selection, faces, labels)
+    attacked = [(probe, selection["forget_identity"], sorted(selection["forget_train_images"]))]
+    if control:
+        identity, images = control_identity(selection, faces, labels)
+        attacked.append((f"{probe}_control", identity, images[:len(selection["forget_train_images"])]))
     rows = []
-    for index, (name, identity, images) in enumerate((
-            (probe, selection["forget_identity"], sorted(selection["forget_train_images"])),
-            (f"{probe}_control", control, control_images[:len(selection["forget_train_images"])]))):
+    for index, (name, identity, images) in enumerate(attacked):
         search_seed, base = seeds(index)
         found = attack_condition(generator, real_latents(generator, manifest, faces, images), cents[identity], cfg,
                                  search_seed, recognizer)
@@ -106,11 +107,13 @@ def attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids:
 def heldout_attack_rows(generator: IdentityGenerator, analyser: FaceAnalyser, centroids: pd.DataFrame,
                         manifest: pd.DataFrame, faces: pd.DataFrame, labels: pd.DataFrame, selection: dict,
                         attack_cfg: dict, cfg: dict, sampler_cfg: dict, tau: float, seed: int, recognizer=None,
-                        second=None) -> list[dict]:
+                        second=None, control: bool = True) -> list[dict]:
     """The held-out embedding attack (probe ``attack_heldout``): the audit attack's settings ``attack_cfg`` at
-    ``cfg['budget']`` x its steps with ``cfg['restarts']`` starts, every seed from the held-out stream."""
+    ``cfg['budget']`` x its steps with ``cfg['restarts']`` starts, every seed from the held-out stream. ``control``:
+    also the control identity (the audit job of the original model; the verdicts and targets read the held-out
+    controls from that job only, so an audited model's job leaves it out: about half the attack's time)."""
     strong = {**attack_cfg, "steps": attack_cfg["steps"] * cfg["budget"], "restarts": cfg["restarts"]}
     return attack_rows(generator, analyser, centroids, manifest, faces, labels, selection, strong, sampler_cfg, tau,
                        seed, recognizer, second, probe="attack_heldout",
                        seeds=lambda index: (heldout_seed(seed, "attack_heldout", index),
-                                            heldout_seed(seed, "attack_heldout", 10 + index)))
+                                            heldout_seed(seed, "attack_heldout", 10 + index)), control=control)
