@@ -6,6 +6,7 @@ from idunlearn.config import (
     ConfigError,
     config_hash,
     deep_update,
+    job_run_settings,
     load_config,
     run_config,
     sweep_runs,
@@ -20,16 +21,30 @@ def test_shipped_configs_validate(name):
     assert cfg["selection"]["anchor"] == {"tau": 0.2, "tol": 0.01}
 
 
-@pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"],
-                                      ["many.yaml"], ["many.yaml", "many-one-order.yaml"],
-                                      ["request.yaml"]])
-def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
-    # snakemake --configfile a.yaml b.yaml merges each file into config.yaml key by key (lists replaced)
+def overlaid(overlays: list[str]) -> dict:
+    """config.yaml with ``overlays`` merged over it as snakemake --configfile a.yaml b.yaml does: each file key by key
+    (lists replaced)."""
     merged = {}
     for name in overlays:
         merged = deep_update(merged, yaml.safe_load((REPO / "config" / name).read_text()))
-    cfg = load_config(REPO / "config" / "config.yaml", merged)
-    if "robust.yaml" in overlays:
+    return load_config(REPO / "config" / "config.yaml", merged)
+
+
+@pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"],
+                                      ["study.yaml", "robust.yaml", "robust-pilot.yaml"], ["controllable.yaml"],
+                                      ["many.yaml"], ["many.yaml", "many-one-order.yaml"],
+                                      ["request.yaml"]])
+def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
+    cfg = overlaid(overlays)
+    if "robust-pilot.yaml" in overlays:  # the first 3 identities of the full overlay, with the same jobs
+        full = overlaid(["study.yaml", "robust.yaml"])
+        assert cfg["audit"]["runs"] == ["piu_100", "piu_meta", "retrain"]
+        for run in ("piu_100", "piu_meta"):
+            assert run_config(cfg, run)["n_identities"] == 3 and job_run_settings(cfg, run) == job_run_settings(full,
+                                                                                                                run)
+        assert [(e["name"], e["generator"], len(e["identities"])) for e in cfg["evaluation"]["external"]] == \
+            [("retrain", "reference", 3)]
+    elif "robust.yaml" in overlays:
         assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
         assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "uce.tuned", "esd.tuned",
                                         "retrain"]
@@ -39,8 +54,9 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
         assert {k: v for k, v in meta.items() if k != "method" and not k.startswith("meta_")} == \
             {k: v for k, v in robust.items() if k != "method"} and meta["method"] == "piu_meta"
     if "study.yaml" in overlays:  # the never-trained reference is audited as run retrain on the selection
-        assert {"name": "retrain", "generator": "reference", "identities": "selection"} in cfg["evaluation"]["external"]
         assert "retrain" in cfg["audit"]["runs"] and cfg["audit"]["verdict"]["reference"] == "retrain"
+        assert "robust-pilot.yaml" in overlays or {"name": "retrain", "generator": "reference",
+                                                   "identities": "selection"} in cfg["evaluation"]["external"]
     if "many.yaml" in overlays:  # the many stage's run is a declared one; off (null) without the overlay
         sizes = [1, 8] if "many-one-order.yaml" in overlays else [1, 2, 4, 8]  # the one-order overlay keeps the rest
         assert cfg["many"]["run"] in cfg["unlearning"]["runs"] and cfg["many"]["joint_sizes"] == sizes
