@@ -222,7 +222,7 @@ def test_audit_page_shows_the_heldout_attacks_their_controls_and_the_recovery_cu
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
-def test_heldout_attack_control_identity_is_optional_and_leaves_the_forget_identitys_rows_alone(monkeypatch):
+def test_heldout_attack_control_identity_is_optional_and_leaves_the_forget_identitys_rows_alone(monkeypatch, caplog):
     """An audited model's job runs the held-out attack without its control identity (the verdicts and targets read the
     held-out controls from the original model's job): the forget identity's search and samples keep their seeds, so
     its rows are the same either way. The search, sampling and scoring are stand-ins that record their seeds."""
@@ -263,7 +263,10 @@ def test_heldout_attack_control_identity_is_optional_and_leaves_the_forget_ident
                                                                                       "batch_size": 4},
                                                        tau=0.4, seed=3, control=control))
 
-    both, alone = rows(True), rows(False)
+    with caplog.at_level("INFO", logger="idunlearn"):
+        both, alone = rows(True), rows(False)
+    # the job's log names the held-out attack's time, not the audit attack's as well
+    assert [r.getMessage().split(" took")[0] for r in caplog.records] == ["held-out embedding attack"] * 2
     assert set(both["probe"]) == {"attack_heldout", "attack_heldout_control"}
     assert set(alone["probe"]) == {"attack_heldout"}
     pd.testing.assert_frame_equal(both[both["probe"] == "attack_heldout"].reset_index(drop=True), alone)
