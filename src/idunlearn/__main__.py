@@ -1,6 +1,7 @@
 """Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `... benchmark-piu ...`,
 `... benchmark-optimisers ...`, `... apply-delta --base <UNet folder> --delta delta.safetensors --out <folder>`,
-`... plan --configfile config/celebahq.yaml [--study]`, `... docs --results results/`."""
+`... plan --configfile config/celebahq.yaml [--study]`, `... docs --results results/`,
+`... archive save|inputs|restore --archive <folder>` (finished audit jobs carried to another machine)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,28 @@ def docs_command(results: str, root: str) -> None:
             print(f"{page}: {block}: {status}")
 
 
+def archive_command(action: str, archive: str, results: str, workdir: str) -> None:
+    """Carry the audit's finished jobs to another machine: `save` adds them to the archive folder, `inputs` prints
+    the shared inputs to build before restoring, `restore` puts them back so that the resumed run skips them."""
+    from .archive import AUDIT_PATTERNS, AUDIT_PRIVATE, ArchiveError, inputs_to_build, restore, save
+
+    def expand(patterns):
+        return [p.format(results=results) for p in patterns]
+
+    try:
+        if action == "save":
+            manifest = save(workdir, archive, expand(AUDIT_PATTERNS), expand(AUDIT_PRIVATE))
+            print(f"{archive}: {len(manifest['files'])} finished job outputs")
+        elif action == "inputs":
+            print(" ".join(inputs_to_build(archive, workdir)))
+        else:
+            done = restore(archive, workdir)
+            print(f"{archive}: restored {len(done['restored'])} job outputs into {workdir}, kept "
+                  f"{len(done['kept'])} already there")
+    except ArchiveError as err:
+        sys.exit(f"archive {action}: {err}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="idunlearn")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +106,11 @@ def main(argv=None) -> None:
     docs = sub.add_parser("docs", help=docs_command.__doc__)
     docs.add_argument("--results", default="results", help="the results folder a workflow run wrote")
     docs.add_argument("--root", default=".", help="the folder holding README.md and docs/")
+    archive = sub.add_parser("archive", help=archive_command.__doc__)
+    archive.add_argument("action", choices=["save", "inputs", "restore"])
+    archive.add_argument("--archive", required=True, help="the archive folder (e.g. data/shipped/job-archives/...)")
+    archive.add_argument("--results", default="results", help="the run's results_dir, relative to --workdir")
+    archive.add_argument("--workdir", default=".", help="the Snakemake working directory (holds .snakemake/)")
     args = parser.parse_args(argv)
     if args.command == "fetch-assets":
         fetch_assets(args.configfile)
@@ -98,6 +126,8 @@ def main(argv=None) -> None:
         run_plan(args)
     elif args.command == "docs":
         docs_command(args.results, args.root)
+    elif args.command == "archive":
+        archive_command(args.action, args.archive, args.results, args.workdir)
 
 
 if __name__ == "__main__":

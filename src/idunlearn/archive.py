@@ -1,0 +1,171 @@
+"""Job archives: finished Snakemake jobs carried to another machine, so that a long run (the study's audit: 84 jobs,
+more than one working session of 2 cores) resumes there from where it stopped instead of from the start.
+
+An archive is a folder holding chosen output files of a working directory (``files/<path>``), Snakemake's metadata
+record of each (``metadata/<record name>``: the rule, its params, input list and code, which Snakemake compares
+to decide whether a job must run again) and ``MANIFEST.json`` (sha256 and size of every file, the git commit of the
+run). Restoring copies them back, checked against their checksums, with their modification time set to now: a
+restored output is then newer than every input built before it, and Snakemake treats its job as done unless its
+params, input list or rule changed (then it runs again, as it would have on the original machine).
+
+Snakemake reruns every job that consumes the output of a job it runs, so the inputs the archived jobs share with
+jobs still to run (the selection, the verification threshold, the original model's evaluation of each identity)
+must be built *before* restoring and before the resumed run; ``restore`` refuses while one of them is missing and
+names them. Inputs private to one archived job (the archive's ``private`` globs: for the audit, its run's unlearned
+model and evaluation) may stay missing: no other job asks for them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+import time
+from base64 import urlsafe_b64encode
+from pathlib import Path
+
+from .io import atomic_path, read_json, sha256_file, write_json
+
+MANIFEST = "MANIFEST.json"
+# The study audit's finished jobs: every audit job's rows (the tables read nothing else of them) and the tuning
+# protocol's choice with its identity selection (the <run>.tuned runs read the choice when their DAG is built).
+AUDIT_PATTERNS = ("{results}/audit/before/*/rows.parquet", "{results}/audit/after/*/*/rows.parquet",
+                  "{results}/audit/external/*/*/rows.parquet", "{results}/tables/tuning/*",
+                  "{results}/tuning/selection/*", "{results}/tuning/selection/identities/*")
+# Inputs of one audit job alone (a run's unlearned model and its evaluation on one identity): they may stay unbuilt.
+# fnmatch's * also matches '/'. The tuning's own jobs are private to its choice, which the archive holds.
+AUDIT_PRIVATE = ("{results}/unlearning/*", "{results}/evaluation/after/*", "{results}/evaluation/external/*",
+                 "{results}/tuning/*")
+
+
+class ArchiveError(RuntimeError):
+    """An archive that cannot be saved or restored as asked; the message says what to do."""
+
+
+def record_name(path: str, max_len: int = 255) -> str:
+    """Snakemake's metadata record path of an output ``path`` (relative to .snakemake/metadata): the urlsafe base64
+    of the path, split into '@'-prefixed folders where it exceeds a file name's length (persistence/file.py)."""
+    encoded = urlsafe_b64encode(path.encode()).decode()
+    parts = [encoded[i:i + max_len - 1] for i in range(0, len(encoded), max_len - 1)]
+    return os.path.join(*["@" + p for p in parts[:-1]], parts[-1])
+
+
+def _metadata_record(workdir: Path, path: str) -> str | None:
+    """The record name of ``path`` or of the folder output holding it (a ``directory()`` output), if Snakemake
+    wrote one."""
+    candidate = Path(path)
+    for owner in (candidate, *candidate.parents[:-1]):
+        name = record_name(owner.as_posix())
+        if (workdir / ".snakemake" / "metadata" / name).is_file():
+            return name
+    return None
+
+
+def _git_commit(workdir: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(workdir), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def finished_outputs(workdir: Path, patterns) -> list[str]:
+    """Outputs matching ``patterns`` (globs relative to ``workdir``) that a finished job wrote: Snakemake has a
+    complete metadata record of them; a file without one (a job killed mid-write) is left out."""
+    found = set()
+    for pattern in patterns:
+        for path in workdir.glob(pattern):
+            rel = path.relative_to(workdir).as_posix()
+            if path.is_file() and not path.name.startswith(".") and _metadata_record(workdir, rel) is not None:
+                found.add(rel)
+    return sorted(found)
+
+
+def save(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, private=()) -> dict:
+    """Add every finished output of ``workdir`` matching ``patterns`` to ``archive`` (created if absent; files
+    already there are replaced by the newer run's). ``private``: globs of inputs that belong to one archived job
+    alone (restore lets them be missing). Returns the manifest."""
+    workdir, archive = Path(workdir), Path(archive)
+    manifest = read_json(archive / MANIFEST) if (archive / MANIFEST).is_file() else {"files": {}}
+    manifest["private"] = sorted(set(manifest.get("private", [])) | set(private))
+    paths = finished_outputs(workdir, patterns)
+    if not paths:
+        raise ArchiveError(f"no finished output under {workdir} matches {list(patterns)}: nothing to archive "
+                           "(run the workflow there first, or check --results)")
+    commit = _git_commit(workdir)
+    for rel in paths:
+        record = _metadata_record(workdir, rel)
+        for source, target in ((workdir / rel, archive / "files" / rel),
+                               (workdir / ".snakemake" / "metadata" / record, archive / "metadata" / record)):
+            with atomic_path(target) as tmp:
+                shutil.copyfile(source, tmp)
+        manifest["files"][rel] = {"sha256": sha256_file(workdir / rel), "bytes": (workdir / rel).stat().st_size,
+                                  "metadata": record, "commit": commit}
+    manifest["saved"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    write_json(manifest, archive / MANIFEST)
+    return manifest
+
+
+def shared_inputs(archive: Path, manifest: dict, files) -> list[str]:
+    """Inputs the archived jobs of ``files`` recorded, except the manifest's private ones: a resumed run would
+    build a missing one for the jobs still to run and so run the archived jobs that read it again."""
+    recorded = set()
+    for record in {manifest["files"][rel]["metadata"] for rel in files}:
+        recorded.update(read_json(archive / "metadata" / record).get("input") or [])
+    private = manifest.get("private", [])
+    return sorted(p for p in recorded - set(manifest["files"])
+                  if not any(fnmatch.fnmatch(p, pattern) for pattern in private))
+
+
+def inputs_to_build(archive: str | os.PathLike, workdir: str | os.PathLike) -> list[str]:
+    """The shared inputs of the archived jobs not yet in ``workdir``: the targets to build before ``restore``."""
+    archive, workdir = Path(archive), Path(workdir)
+    manifest = _read_manifest(archive)
+    return [p for p in shared_inputs(archive, manifest, manifest["files"]) if not (workdir / p).exists()]
+
+
+def _read_manifest(archive: Path) -> dict:
+    if not (archive / MANIFEST).is_file():
+        raise ArchiveError(f"{archive} holds no {MANIFEST}: not a job archive (made by `python -m idunlearn "
+                           "archive save`)")
+    return read_json(archive / MANIFEST)
+
+
+def restore(archive: str | os.PathLike, workdir: str | os.PathLike, only=None) -> dict:
+    """Copy the archive's files and metadata records into ``workdir`` (``only``: globs of the files to restore),
+    each checked against its sha256, modification times set to now. A file already in ``workdir`` is kept (it is
+    that machine's own run). Returns {"restored": [...], "kept": [...]}; raises ArchiveError, before copying
+    anything, on a corrupt archive or while a shared input is missing."""
+    archive, workdir = Path(archive), Path(workdir)
+    manifest = _read_manifest(archive)
+    entries = {rel: e for rel, e in manifest["files"].items()
+               if only is None or any(fnmatch.fnmatch(rel, pattern) for pattern in only)}
+    for rel, entry in entries.items():
+        stored = archive / "files" / rel
+        if not stored.is_file() or sha256_file(stored) != entry["sha256"]:
+            raise ArchiveError(f"{stored}: missing or its sha256 differs from {archive / MANIFEST}; the archive is "
+                               "damaged: check it out again (git checkout -- <archive>)")
+        if not (archive / "metadata" / entry["metadata"]).is_file():
+            raise ArchiveError(f"{archive}: the metadata record of {rel} is missing; the archive is damaged")
+    missing = [p for p in shared_inputs(archive, manifest, entries) if not (workdir / p).exists()]
+    if missing:
+        raise ArchiveError(f"the archived jobs share {len(missing)} inputs that are not built here yet; a resumed "
+                           "run would build them and so run the archived jobs again. Build them first (with the "
+                           "archived run's --configfile), then restore:\n  snakemake --cores 2 " + " ".join(missing))
+    now = time.time()
+    done = {"restored": [], "kept": []}
+    for rel, entry in sorted(entries.items()):
+        target = workdir / rel
+        if target.exists():
+            done["kept"].append(rel)
+            continue
+        for source, dest in ((archive / "files" / rel, target),
+                             (archive / "metadata" / entry["metadata"],
+                              workdir / ".snakemake" / "metadata" / entry["metadata"])):
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(source, tmp)
+            os.utime(dest, (now, now))
+        done["restored"].append(rel)
+    return done

@@ -1,0 +1,101 @@
+"""Job archives (idunlearn.archive): finished jobs saved on one machine are skipped by Snakemake on another, the
+shared inputs are asked for first, a changed param still reruns the job, a damaged archive is refused."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from idunlearn.archive import ArchiveError, inputs_to_build, record_name, restore, save
+
+# shared: built for every job (like the selection); private/{i}: one job's own input (like its unlearned model)
+SNAKEFILE = """
+rule all:
+    input: expand("res/audit/{i}.txt", i=[1, 2])
+
+rule shared:
+    output: "res/shared.txt"
+    shell: "echo shared > {output}"
+
+rule private:
+    output: "res/private/{i}.txt"
+    shell: "echo private {wildcards.i} > {output}"
+
+rule audit:
+    input: shared="res/shared.txt", own="res/private/{i}.txt"
+    output: "res/audit/{i}.txt"
+    params: level=config.get("level", 1)
+    shell: "cat {input} > {output}; echo level={params.level} run=$RANDOM$RANDOM >> {output}"
+"""
+
+
+def snakemake(workdir: Path, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", *args], cwd=workdir,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def workdir(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    (folder / "Snakefile").write_text(SNAKEFILE)
+    return folder
+
+
+def test_record_name_is_snakemakes_metadata_file(tmp_path):
+    first = workdir(tmp_path, "first")
+    snakemake(first, "res/shared.txt")
+    assert (first / ".snakemake" / "metadata" / record_name("res/shared.txt")).is_file()
+
+
+def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
+    first, second, archive = workdir(tmp_path, "first"), workdir(tmp_path, "second"), tmp_path / "archive"
+    snakemake(first, "res/audit/1.txt")
+    manifest = save(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    assert sorted(manifest["files"]) == ["res/audit/1.txt"]
+
+    # on the new machine the shared input is not built yet: restoring now would make the run redo the job
+    assert inputs_to_build(archive, second) == ["res/shared.txt"]
+    with pytest.raises(ArchiveError, match="res/shared.txt"):
+        restore(archive, second)
+    assert not (second / "res" / "audit").exists()  # nothing half-restored
+
+    snakemake(second, "res/shared.txt")
+    assert inputs_to_build(archive, second) == []
+    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": []}
+    plan = snakemake(second, "-n", "all")
+    assert "output: res/audit/2.txt" in plan
+    assert "output: res/audit/1.txt" not in plan and "output: res/private/1.txt" not in plan
+
+    snakemake(second, "all")
+    assert (second / "res/audit/1.txt").read_text() == (first / "res/audit/1.txt").read_text()
+    assert not (second / "res/private/1.txt").exists()
+    # the carried metadata still makes Snakemake rerun a job whose params changed
+    assert "output: res/audit/1.txt" in snakemake(second, "--config", "level=2", "-n", "all")
+    # a second restore keeps the machine's own outputs
+    assert restore(archive, second) == {"restored": [], "kept": ["res/audit/1.txt"]}
+
+
+def test_damaged_or_missing_archive_is_refused(tmp_path):
+    first, archive = workdir(tmp_path, "first"), tmp_path / "archive"
+    with pytest.raises(ArchiveError, match="nothing to archive"):
+        save(first, archive, ["res/audit/*.txt"])
+    snakemake(first, "res/audit/1.txt")
+    save(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    (archive / "files" / "res" / "audit" / "1.txt").write_text("edited\n")
+    second = workdir(tmp_path, "second")
+    snakemake(second, "res/shared.txt")
+    with pytest.raises(ArchiveError, match="sha256"):
+        restore(archive, second)
+    with pytest.raises(ArchiveError, match="not a job archive"):
+        restore(tmp_path / "nowhere", second)
+
+
+def test_unfinished_outputs_are_not_archived(tmp_path):
+    """A file without Snakemake's record (a killed job's, or one written by hand) is not a finished job."""
+    first, archive = workdir(tmp_path, "first"), tmp_path / "archive"
+    snakemake(first, "res/audit/1.txt")
+    (first / "res" / "audit" / "2.txt").write_text("half\n")
+    assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt"]
