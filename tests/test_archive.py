@@ -94,8 +94,17 @@ def test_damaged_or_missing_archive_is_refused(tmp_path):
 
 
 def test_unfinished_outputs_are_not_archived(tmp_path):
-    """A file without Snakemake's record (a killed job's, or one written by hand) is not a finished job."""
+    """A file without Snakemake's record (written by hand) or with an incomplete-job marker (its job is running or
+    was killed) is not a finished job."""
     first, archive = workdir(tmp_path, "first"), tmp_path / "archive"
     snakemake(first, "res/audit/1.txt")
     (first / "res" / "audit" / "2.txt").write_text("half\n")
     assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt"]
+    (first / "res" / "audit" / "2.txt").unlink()
+    snakemake(first, "res/audit/2.txt")  # finished now, but marked incomplete as while its job runs
+    marker = first / ".snakemake" / "incomplete" / record_name("res/audit/2.txt")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt"]
+    marker.unlink()
+    assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt", "res/audit/2.txt"]

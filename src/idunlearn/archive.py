@@ -73,12 +73,14 @@ def _git_commit(workdir: Path) -> str | None:
 
 def finished_outputs(workdir: Path, patterns) -> list[str]:
     """Outputs matching ``patterns`` (globs relative to ``workdir``) that a finished job wrote: Snakemake has a
-    complete metadata record of them; a file without one (a job killed mid-write) is left out."""
+    metadata record of them and no incomplete-job marker (a job running now, or killed, is left out)."""
     found = set()
     for pattern in patterns:
         for path in workdir.glob(pattern):
             rel = path.relative_to(workdir).as_posix()
-            if path.is_file() and not path.name.startswith(".") and _metadata_record(workdir, rel) is not None:
+            running = (workdir / ".snakemake" / "incomplete" / record_name(rel)).exists()
+            if (path.is_file() and not path.name.startswith(".") and not running
+                    and _metadata_record(workdir, rel) is not None):
                 found.add(rel)
     return sorted(found)
 
