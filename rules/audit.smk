@@ -138,11 +138,25 @@ use rule audit_original as audit_external with:
         logs("audit/external/{external}/{identity}"),
 
 
+def audited_identities():
+    return sorted({identity for _, identity in audited_pairs() + audited_external_pairs()})
+
+
+# What the audit jobs share (the selection, the verification thresholds, the original model's evaluation of each
+# audited identity): built on its own before a job archive is restored, so that the resumed run does not rebuild it
+# and so redo the archived jobs (docs/audit.md, python -m idunlearn archive).
+rule audit_inputs:
+    input:
+        unpack(second_recognizer_inputs),
+        verification=rules.calibrate_verification.output[0],
+        before=lambda wc: expand(rules.evaluate_original.output.samples, identity=audited_identities()),
+        images=lambda wc: expand(rules.evaluate_original.output.images, identity=audited_identities()),
+
+
 rule audit_tables:
     input:
         verification=rules.calibrate_verification.output[0],
-        before=lambda wc: expand(rules.audit_original.output.rows, identity=sorted(
-            {identity for _, identity in audited_pairs() + audited_external_pairs()})),
+        before=lambda wc: expand(rules.audit_original.output.rows, identity=audited_identities()),
         # the run (or external model) name is the rows' folder name
         after=lambda wc: [expand(rules.audit_unlearned.output.rows, run=run, identity=identity)[0]
                           for run, identity in audited_pairs()]

@@ -1,7 +1,7 @@
 """Command line: `python -m idunlearn fetch-assets --configfile config/config.yaml`, `... benchmark-piu ...`,
 `... benchmark-optimisers ...`, `... apply-delta --base <UNet folder> --delta delta.safetensors --out <folder>`,
 `... plan --configfile config/celebahq.yaml [--study]`, `... docs --results results/`,
-`... archive save|inputs|restore --archive <folder>` (finished audit jobs carried to another machine)."""
+`... archive save|restore --archive <folder>` (finished audit jobs carried to another machine)."""
 
 from __future__ import annotations
 
@@ -69,9 +69,9 @@ def docs_command(results: str, root: str) -> None:
 
 
 def archive_command(action: str, archive: str, results: str, workdir: str) -> None:
-    """Carry the audit's finished jobs to another machine: `save` adds them to the archive folder, `inputs` prints
-    the shared inputs to build before restoring, `restore` puts them back so that the resumed run skips them."""
-    from .archive import AUDIT_PATTERNS, AUDIT_PRIVATE, ArchiveError, inputs_to_build, restore, save
+    """Carry the audit's finished jobs to another machine: `save` adds them to the archive folder, `restore` puts
+    them back (after `snakemake audit_inputs`) so that the resumed run skips them."""
+    from .archive import AUDIT_PATTERNS, AUDIT_PRIVATE, ArchiveError, restore, save
 
     def expand(patterns):
         return [p.format(results=results) for p in patterns]
@@ -80,14 +80,13 @@ def archive_command(action: str, archive: str, results: str, workdir: str) -> No
         if action == "save":
             manifest = save(workdir, archive, expand(AUDIT_PATTERNS), expand(AUDIT_PRIVATE))
             print(f"{archive}: {len(manifest['files'])} finished job outputs")
-        elif action == "inputs":
-            print(" ".join(inputs_to_build(archive, workdir)))
         else:
             done = restore(archive, workdir)
             print(f"{archive}: restored {len(done['restored'])} job outputs into {workdir}, kept "
                   f"{len(done['kept'])} already there")
     except ArchiveError as err:
-        sys.exit(f"archive {action}: {err}")
+        sys.exit(f"archive {action}: {err}\nFor the audit, `snakemake audit_inputs --cores 2 --configfile <the run's "
+                 "config files>` builds them all.")
 
 
 def main(argv=None) -> None:
@@ -107,7 +106,7 @@ def main(argv=None) -> None:
     docs.add_argument("--results", default="results", help="the results folder a workflow run wrote")
     docs.add_argument("--root", default=".", help="the folder holding README.md and docs/")
     archive = sub.add_parser("archive", help=archive_command.__doc__)
-    archive.add_argument("action", choices=["save", "inputs", "restore"])
+    archive.add_argument("action", choices=["save", "restore"])
     archive.add_argument("--archive", required=True, help="the archive folder (e.g. data/shipped/job-archives/...)")
     archive.add_argument("--results", default="results", help="the run's results_dir, relative to --workdir")
     archive.add_argument("--workdir", default=".", help="the Snakemake working directory (holds .snakemake/)")

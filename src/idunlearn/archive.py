@@ -110,11 +110,11 @@ def save(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, priva
     return manifest
 
 
-def shared_inputs(archive: Path, manifest: dict, files) -> list[str]:
-    """Inputs the archived jobs of ``files`` recorded, except the manifest's private ones: a resumed run would
-    build a missing one for the jobs still to run and so run the archived jobs that read it again."""
+def shared_inputs(archive: Path, manifest: dict) -> list[str]:
+    """Inputs the archived jobs recorded, except the manifest's private ones and its own files: a resumed run
+    would build a missing one for the jobs still to run and so run the archived jobs that read it again."""
     recorded = set()
-    for record in {manifest["files"][rel]["metadata"] for rel in files}:
+    for record in {entry["metadata"] for entry in manifest["files"].values()}:
         recorded.update(read_json(archive / "metadata" / record).get("input") or [])
     private = manifest.get("private", [])
     return sorted(p for p in recorded - set(manifest["files"])
@@ -125,7 +125,7 @@ def inputs_to_build(archive: str | os.PathLike, workdir: str | os.PathLike) -> l
     """The shared inputs of the archived jobs not yet in ``workdir``: the targets to build before ``restore``."""
     archive, workdir = Path(archive), Path(workdir)
     manifest = _read_manifest(archive)
-    return [p for p in shared_inputs(archive, manifest, manifest["files"]) if not (workdir / p).exists()]
+    return [p for p in shared_inputs(archive, manifest) if not (workdir / p).exists()]
 
 
 def _read_manifest(archive: Path) -> dict:
@@ -135,15 +135,14 @@ def _read_manifest(archive: Path) -> dict:
     return read_json(archive / MANIFEST)
 
 
-def restore(archive: str | os.PathLike, workdir: str | os.PathLike, only=None) -> dict:
-    """Copy the archive's files and metadata records into ``workdir`` (``only``: globs of the files to restore),
-    each checked against its sha256, modification times set to now. A file already in ``workdir`` is kept (it is
-    that machine's own run). Returns {"restored": [...], "kept": [...]}; raises ArchiveError, before copying
-    anything, on a corrupt archive or while a shared input is missing."""
+def restore(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
+    """Copy the archive's files and metadata records into ``workdir``, each checked against its sha256,
+    modification times set to now. A file already in ``workdir`` is kept (it is that machine's own run). Returns
+    {"restored": [...], "kept": [...]}; raises ArchiveError, before copying anything, on a damaged archive or while
+    a shared input is missing."""
     archive, workdir = Path(archive), Path(workdir)
     manifest = _read_manifest(archive)
-    entries = {rel: e for rel, e in manifest["files"].items()
-               if only is None or any(fnmatch.fnmatch(rel, pattern) for pattern in only)}
+    entries = manifest["files"]
     for rel, entry in entries.items():
         stored = archive / "files" / rel
         if not stored.is_file() or sha256_file(stored) != entry["sha256"]:
@@ -151,11 +150,11 @@ def restore(archive: str | os.PathLike, workdir: str | os.PathLike, only=None) -
                                "damaged: check it out again (git checkout -- <archive>)")
         if not (archive / "metadata" / entry["metadata"]).is_file():
             raise ArchiveError(f"{archive}: the metadata record of {rel} is missing; the archive is damaged")
-    missing = [p for p in shared_inputs(archive, manifest, entries) if not (workdir / p).exists()]
+    missing = inputs_to_build(archive, workdir)
     if missing:
         raise ArchiveError(f"the archived jobs share {len(missing)} inputs that are not built here yet; a resumed "
                            "run would build them and so run the archived jobs again. Build them first (with the "
-                           "archived run's --configfile), then restore:\n  snakemake --cores 2 " + " ".join(missing))
+                           "archived run's --configfile), then restore: " + " ".join(missing))
     now = time.time()
     done = {"restored": [], "kept": []}
     for rel, entry in sorted(entries.items()):
