@@ -138,10 +138,6 @@ use rule audit_original as audit_external with:
         logs("audit/external/{external}/{identity}"),
 
 
-def audited_identities():
-    return sorted({identity for _, identity in audited_pairs() + audited_external_pairs()})
-
-
 # What the audit jobs share (the selection, the verification thresholds, the original model's evaluation of each
 # audited identity): built on its own before a job archive is restored, so that the resumed run does not rebuild it
 # and so redo the archived jobs (docs/audit.md, python -m idunlearn archive).

@@ -129,6 +129,11 @@ def audited_external_pairs():
     return [(name, identity) for name, identity in external_identity_pairs() if audited(name)]
 
 
+def audited_identities():
+    """Forget identities with at least one audited run or external model."""
+    return sorted({identity for _, identity in audited_pairs() + audited_external_pairs()})
+
+
 def audited(name):
     runs = config["audit"]["runs"]
     unknown = sorted(set(runs or []) - set(run_names()) - set(external_models()))
