@@ -28,11 +28,17 @@ from pathlib import Path
 from .io import atomic_path, read_json, sha256_file, write_json
 
 MANIFEST = "MANIFEST.json"
-# The study audit's finished jobs: every audit job's rows (the tables read nothing else of them) and the tuning
-# protocol's choice with its identity selection (the <run>.tuned runs read the choice when their DAG is built).
+# The study audit's finished jobs: every audit job's rows (the audit tables read nothing else of them), the tuning
+# protocol's choice with its identity selection (the <run>.tuned runs read the choice), and each run's evaluation
+# metrics, samples and training time (SRK, KD and cost per identity beside the audit, without retraining); not the
+# unlearned models and images (megabytes each, read by that run's audit job alone). The original model's evaluation
+# is rebuilt by target audit_inputs.
 AUDIT_PATTERNS = ("{results}/audit/before/*/rows.parquet", "{results}/audit/after/*/*/rows.parquet",
                   "{results}/audit/external/*/*/rows.parquet", "{results}/tables/tuning/*",
-                  "{results}/tuning/selection/*", "{results}/tuning/selection/identities/*")
+                  "{results}/tuning/selection/*", "{results}/tuning/selection/identities/*",
+                  "{results}/evaluation/after/*/*/metrics.json", "{results}/evaluation/after/*/*/samples.parquet",
+                  "{results}/evaluation/external/*/*/metrics.json",
+                  "{results}/evaluation/external/*/*/samples.parquet", "{results}/unlearning/*/*/timings.json")
 # Inputs of one audit job alone (a run's unlearned model and its evaluation on one identity): they may stay unbuilt.
 # fnmatch's * also matches '/'. The tuning's own jobs are private to its choice, which the archive holds.
 AUDIT_PRIVATE = ("{results}/unlearning/*", "{results}/evaluation/after/*", "{results}/evaluation/external/*",
