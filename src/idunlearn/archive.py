@@ -104,12 +104,15 @@ def save(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, priva
                            "(run the workflow there first, or check --results)")
     commit = _git_commit(workdir)
     for rel in paths:
+        digest = sha256_file(workdir / rel)
+        if manifest["files"].get(rel, {}).get("sha256") == digest:
+            continue  # archived already (or restored from it): keep the commit that ran it
         record = _metadata_record(workdir, rel)
         for source, target in ((workdir / rel, archive / "files" / rel),
                                (workdir / ".snakemake" / "metadata" / record, archive / "metadata" / record)):
             with atomic_path(target) as tmp:
                 shutil.copyfile(source, tmp)
-        manifest["files"][rel] = {"sha256": sha256_file(workdir / rel), "bytes": (workdir / rel).stat().st_size,
+        manifest["files"][rel] = {"sha256": digest, "bytes": (workdir / rel).stat().st_size,
                                   "metadata": record, "commit": commit}
     manifest["saved"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_json(manifest, archive / MANIFEST)
