@@ -111,18 +111,18 @@ def test_unfinished_outputs_are_not_archived(tmp_path):
     assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt", "res/audit/2.txt"]
 
 
-def test_saving_again_keeps_each_job_s_commit_and_replaces_a_changed_output(tmp_path):
-    """An output archived before (or restored from the archive) keeps the commit that ran its job; an output that a
-    newer run changed replaces it."""
+def test_saving_again_keeps_each_job_s_provenance_and_replaces_a_changed_output(tmp_path):
+    """An output archived before (or restored from the archive) keeps its provenance (checkout, end time); an
+    output that a newer run changed replaces it."""
     first, archive = workdir(tmp_path, "first"), tmp_path / "archive"
     snakemake(first, "res/audit/1.txt")
     save(first, archive, ["res/audit/*.txt"])
     manifest_path = archive / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest["files"]["res/audit/1.txt"]["commit"] = "earlier"
+    manifest["files"]["res/audit/1.txt"]["checkout"] = "earlier"
     manifest_path.write_text(json.dumps(manifest))
-    assert save(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]["commit"] == "earlier"
+    assert save(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]["checkout"] == "earlier"
     snakemake(first, "res/audit/1.txt", "--forcerun", "audit")  # its $RANDOM makes the output differ
     entry = save(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]
-    assert entry["commit"] != "earlier"
+    assert entry["checkout"] != "earlier" and entry["ended"].startswith("20")
     assert (archive / "files" / "res" / "audit" / "1.txt").read_text() == (first / "res/audit/1.txt").read_text()

@@ -1,10 +1,11 @@
 """Job archives: finished Snakemake jobs carried to another machine, so that a long run (the study's audit: 84 jobs,
-more than one working session of 2 cores) resumes there from where it stopped instead of from the start.
+more than one sitting of 2 cores) resumes there from where it stopped instead of from the start.
 
 An archive is a folder holding chosen output files of a working directory (``files/<path>``), Snakemake's metadata
 record of each (``metadata/<record name>``: the rule, its params, input list and code, which Snakemake compares
-to decide whether a job must run again) and ``MANIFEST.json`` (sha256 and size of every file, the git commit of the
-run). Restoring copies them back, checked against their checksums, with their modification time set to now: a
+to decide whether a job must run again) and ``MANIFEST.json`` (sha256 and size of every file, when its job ended and
+the commit checked out where it was archived: the commit that ran it when saved right after the run, as
+tools/audit_by_identity.sh does). Restoring copies them back, checked against their checksums, with their modification time set to now: a
 restored output is then newer than every input built before it, and Snakemake treats its job as done unless its
 params, input list or rule changed (then it runs again, as it would have on the original machine).
 
@@ -106,14 +107,16 @@ def save(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, priva
     for rel in paths:
         digest = sha256_file(workdir / rel)
         if manifest["files"].get(rel, {}).get("sha256") == digest:
-            continue  # archived already (or restored from it): keep the commit that ran it
+            continue  # archived already (or restored from it): keep its provenance
         record = _metadata_record(workdir, rel)
         for source, target in ((workdir / rel, archive / "files" / rel),
                                (workdir / ".snakemake" / "metadata" / record, archive / "metadata" / record)):
             with atomic_path(target) as tmp:
                 shutil.copyfile(source, tmp)
-        manifest["files"][rel] = {"sha256": digest, "bytes": (workdir / rel).stat().st_size,
-                                  "metadata": record, "commit": commit}
+        ended = read_json(workdir / ".snakemake" / "metadata" / record).get("endtime")
+        manifest["files"][rel] = {"sha256": digest, "bytes": (workdir / rel).stat().st_size, "metadata": record,
+                                  "checkout": commit, "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                                                             time.gmtime(ended)) if ended else None}
     manifest["saved"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_json(manifest, archive / MANIFEST)
     return manifest
