@@ -4,6 +4,7 @@ shared inputs are asked for first, a changed param still reruns the job, a damag
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,13 @@ def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
     assert not (second / "res/private/1.txt").exists()
     # the carried metadata still makes Snakemake rerun a job whose params changed
     assert "output: res/audit/1.txt" in snakemake(second, "--config", "level=2", "-n", "all")
-    # a second restore keeps the machine's own outputs
+    # restoring again gives the same file the current time (it must not fall behind other restored files)
+    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": []}
+    # a different output there is that machine's own run of the job: kept
+    snakemake(second, "res/audit/1.txt", "--forcerun", "audit")
+    own = (second / "res/audit/1.txt").read_text()
     assert restore(archive, second) == {"restored": [], "kept": ["res/audit/1.txt"]}
+    assert (second / "res/audit/1.txt").read_text() == own
 
 
 def test_damaged_or_missing_archive_is_refused(tmp_path):
@@ -126,3 +132,17 @@ def test_saving_again_keeps_each_job_s_provenance_and_replaces_a_changed_output(
     entry = save(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]
     assert entry["checkout"] != "earlier" and entry["ended"].startswith("20")
     assert (archive / "files" / "res" / "audit" / "1.txt").read_text() == (first / "res/audit/1.txt").read_text()
+
+
+def test_restoring_a_grown_archive_does_not_leave_a_job_older_than_its_restored_input(tmp_path):
+    """A job restored before, whose input the archive now holds too, is restored again beside it: otherwise the input
+    would be newer than the job's output and Snakemake would run the job again."""
+    first, second, archive = workdir(tmp_path, "first"), workdir(tmp_path, "second"), tmp_path / "archive"
+    snakemake(first, "res/audit/1.txt")
+    save(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    snakemake(second, "res/shared.txt")
+    restore(archive, second)
+    time.sleep(0.05)
+    save(first, archive, ["res/audit/*.txt", "res/private/*.txt"])
+    assert restore(archive, second)["restored"] == ["res/audit/1.txt", "res/private/1.txt"]
+    assert "output: res/audit/1.txt" not in snakemake(second, "-n", "all")

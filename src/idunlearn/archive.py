@@ -149,7 +149,8 @@ def _read_manifest(archive: Path) -> dict:
 
 def restore(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
     """Copy the archive's files and metadata records into ``workdir``, each checked against its sha256,
-    modification times set to now. A file already in ``workdir`` is kept (it is that machine's own run). Returns
+    modification times set to now. A different file already in ``workdir`` is kept (that machine's own run of the
+    job). Returns
     {"restored": [...], "kept": [...]}; raises ArchiveError, before copying anything, on a damaged archive or while
     a shared input is missing."""
     archive, workdir = Path(archive), Path(workdir)
@@ -171,9 +172,10 @@ def restore(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
     done = {"restored": [], "kept": []}
     for rel, entry in sorted(entries.items()):
         target = workdir / rel
-        if target.exists():
-            done["kept"].append(rel)
+        if target.exists() and sha256_file(target) != entry["sha256"]:
+            done["kept"].append(rel)  # this machine's own run of the job
             continue
+        # an identical file is restored too: its time must not fall behind the other restored files (its inputs)
         for source, dest in ((archive / "files" / rel, target),
                              (archive / "metadata" / entry["metadata"],
                               workdir / ".snakemake" / "metadata" / entry["metadata"])):
