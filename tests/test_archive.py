@@ -66,7 +66,7 @@ def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
 
     snakemake(second, "res/shared.txt")
     assert inputs_to_build(archive, second) == []
-    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": []}
+    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
     plan = snakemake(second, "-n", "all")
     assert "output: res/audit/2.txt" in plan
     assert "output: res/audit/1.txt" not in plan and "output: res/private/1.txt" not in plan
@@ -77,11 +77,11 @@ def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
     # the carried metadata still makes Snakemake rerun a job whose params changed
     assert "output: res/audit/1.txt" in snakemake(second, "--config", "level=2", "-n", "all")
     # restoring again gives the same file the current time (it must not fall behind other restored files)
-    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": []}
+    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
     # a different output there is that machine's own run of the job: kept
     snakemake(second, "res/audit/1.txt", "--forcerun", "audit")
     own = (second / "res/audit/1.txt").read_text()
-    assert restore(archive, second) == {"restored": [], "kept": ["res/audit/1.txt"]}
+    assert restore(archive, second) == {"restored": [], "kept": ["res/audit/1.txt"], "stale": []}
     assert (second / "res/audit/1.txt").read_text() == own
 
 
@@ -146,3 +146,32 @@ def test_restoring_a_grown_archive_does_not_leave_a_job_older_than_its_restored_
     save(first, archive, ["res/audit/*.txt", "res/private/*.txt"])
     assert restore(archive, second)["restored"] == ["res/audit/1.txt", "res/private/1.txt"]
     assert "output: res/audit/1.txt" not in snakemake(second, "-n", "all")
+
+
+def test_an_output_whose_rule_script_changed_since_it_was_archived_is_left_out(tmp_path):
+    """Snakemake notices a changed script: by its time, which restoring would hide: restore compares the script
+    with the commit checked out where the output was archived."""
+    first = workdir(tmp_path, "first")
+    (first / "Snakefile").write_text(SNAKEFILE + """
+rule scripted:
+    input: "res/shared.txt"
+    output: "res/scripted/{i}.txt"
+    script: "scripts/write.py"
+""")
+    (first / "scripts").mkdir()
+    (first / "scripts" / "write.py").write_text("open(snakemake.output[0], 'w').write('first version')\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(first)], check=True)
+    subprocess.run([*git, "-C", str(first), "add", "Snakefile", "scripts"], check=True)
+    subprocess.run([*git, "-C", str(first), "commit", "-qm", "workflow"], check=True)
+    snakemake(first, "res/scripted/1.txt")
+    archive = tmp_path / "archive"
+    save(first, archive, ["res/scripted/*.txt"])
+    second = tmp_path / "second"
+    subprocess.run(["git", "clone", "-q", str(first), str(second)], check=True)
+    snakemake(second, "res/shared.txt")
+    assert restore(archive, second)["restored"] == ["res/scripted/1.txt"]
+    (second / "res" / "scripted" / "1.txt").unlink()
+    (second / "scripts" / "write.py").write_text("open(snakemake.output[0], 'w').write('second version')\n")
+    assert restore(archive, second) == {"restored": [], "kept": [], "stale": ["res/scripted/1.txt"]}
+    assert "output: res/scripted/1.txt" in snakemake(second, "-n", "res/scripted/1.txt")

@@ -83,7 +83,8 @@ def archive_command(action: str, archive: str, results: str, workdir: str) -> No
         else:
             done = restore(archive, workdir)
             print(f"{archive}: restored {len(done['restored'])} job outputs into {workdir}, kept "
-                  f"{len(done['kept'])} already there")
+                  f"{len(done['kept'])} already there, left out {len(done['stale'])} whose rule's script changed "
+                  "since (their jobs run again)")
     except ArchiveError as err:
         sys.exit(f"archive {action}: {err}\nFor the audit, `snakemake audit_inputs --cores 2 --configfile <the run's "
                  "config files>` builds them all.")

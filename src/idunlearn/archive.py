@@ -7,7 +7,9 @@ to decide whether a job must run again) and ``MANIFEST.json`` (sha256 and size o
 the commit checked out where it was archived: the commit that ran it when saved right after the run, as
 tools/audit_by_identity.sh does). Restoring copies them back, checked against their checksums, with their modification time set to now: a
 restored output is then newer than every input built before it, and Snakemake treats its job as done unless its
-params, input list or rule changed (then it runs again, as it would have on the original machine).
+params, input list or rule changed (then it runs again, as it would have on the original machine). Snakemake
+notices a changed `script:` by its modification time, which a restored output would hide, so ``restore`` leaves
+out (as stale) every output whose rule's script differs from the commit checked out where it was archived.
 
 Snakemake reruns every job that consumes the output of a job it runs, so the inputs the archived jobs share with
 jobs still to run (the selection, the verification threshold, the original model's evaluation of each identity)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -147,12 +150,32 @@ def _read_manifest(archive: Path) -> dict:
     return read_json(archive / MANIFEST)
 
 
+def rule_script(record: dict, workdir: Path) -> str | None:
+    """The script of a ``script:`` rule (relative to ``workdir``) from its metadata record's code: a path relative
+    to the rule's file, which lives in rules/ or beside the Snakefile."""
+    match = re.search(r'"([^"]+\.py)"', record.get("code") or "")
+    if not match:
+        return None
+    candidates = [os.path.normpath(os.path.join("rules", match.group(1))), os.path.normpath(match.group(1))]
+    return next((c for c in candidates if (workdir / c).is_file()), None)
+
+
+def script_changed(workdir: Path, checkout: str | None, script: str | None) -> bool:
+    """Whether ``script`` differs from its version at commit ``checkout`` (False when either is unknown: git
+    cannot tell, e.g. in a shallow clone)."""
+    if not checkout or not script:
+        return False
+    proc = subprocess.run(["git", "-C", str(workdir), "diff", "--quiet", checkout, "--", script],
+                          capture_output=True)
+    return proc.returncode == 1
+
+
 def restore(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
     """Copy the archive's files and metadata records into ``workdir``, each checked against its sha256,
     modification times set to now. A different file already in ``workdir`` is kept (that machine's own run of the
-    job). Returns
-    {"restored": [...], "kept": [...]}; raises ArchiveError, before copying anything, on a damaged archive or while
-    a shared input is missing."""
+    job); one whose rule's script changed since it was archived is left out (stale). Returns {"restored": [...],
+    "kept": [...], "stale": [...]}; raises ArchiveError, before copying anything, on a damaged archive or while a
+    shared input is missing."""
     archive, workdir = Path(archive), Path(workdir)
     manifest = _read_manifest(archive)
     entries = manifest["files"]
@@ -169,9 +192,13 @@ def restore(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
                            "run would build them and so run the archived jobs again. Build them first (with the "
                            "archived run's --configfile), then restore: " + " ".join(missing))
     now = time.time()
-    done = {"restored": [], "kept": []}
+    done = {"restored": [], "kept": [], "stale": []}
     for rel, entry in sorted(entries.items()):
         target = workdir / rel
+        record = read_json(archive / "metadata" / entry["metadata"])
+        if script_changed(workdir, entry.get("checkout"), rule_script(record, workdir)):
+            done["stale"].append(rel)  # its job runs again, as Snakemake would have rerun it where it ran
+            continue
         if target.exists() and sha256_file(target) != entry["sha256"]:
             done["kept"].append(rel)  # this machine's own run of the job
             continue
