@@ -28,7 +28,8 @@ if [ -f "$ARCHIVE/MANIFEST.json" ]; then
 fi
 if [ $# -eq 0 ]; then
     set -- $("$PY" -c "import pandas as pd, sys
-print(' '.join(str(i) for i in pd.read_parquet(sys.argv[1])['forget_identity']))" "$RESULTS/selection/selections.parquet")
+print(' '.join(str(i) for i in pd.read_parquet(sys.argv[1])['forget_identity']))" \
+        "$RESULTS/selection/selections.parquet")
 fi
 for identity in "$@"; do
     echo "== identity $identity ($(date))"
@@ -38,6 +39,9 @@ for identity in "$@"; do
     status=0
     snakemake --keep-going "${targets[@]}" || status=$?
     "$PY" -m idunlearn archive save --archive "$ARCHIVE" --results "$RESULTS"
-    [ "$status" -eq 0 ] || { echo "identity $identity: a job failed (exit $status); its log names it" >&2; exit "$status"; }
+    if [ "$status" -ne 0 ]; then
+        echo "identity $identity: a job failed (exit $status); its log names it" >&2
+        exit "$status"
+    fi
 done
 echo "== done ($(date)); the tables: snakemake audit --cores $CORES --configfile $CONFIG"

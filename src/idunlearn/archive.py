@@ -2,14 +2,15 @@
 more than one sitting of 2 cores) resumes there from where it stopped instead of from the start.
 
 An archive is a folder holding chosen output files of a working directory (``files/<path>``), Snakemake's metadata
-record of each (``metadata/<record name>``: the rule, its params, input list and code, which Snakemake compares
-to decide whether a job must run again) and ``MANIFEST.json`` (sha256 and size of every file, when its job ended and
+record of each (``metadata/<record name>``: the rule, its params, input list and code, which Snakemake compares to
+decide whether a job must run again) and ``MANIFEST.json`` (sha256 and size of every file, when its job ended and
 the commit checked out where it was archived: the commit that ran it when saved right after the run, as
-tools/audit_by_identity.sh does). Restoring copies them back, checked against their checksums, with their modification time set to now: a
-restored output is then newer than every input built before it, and Snakemake treats its job as done unless its
-params, input list or rule changed (then it runs again, as it would have on the original machine). Snakemake
-notices a changed `script:` by its modification time, which a restored output would hide, so ``restore`` leaves
-out (as stale) every output whose rule's script differs from the commit checked out where it was archived.
+tools/audit_by_identity.sh does). Restoring copies them back, checked against their checksums, with their
+modification time set to now: a restored output is then newer than every input built before it, and Snakemake treats
+its job as done unless its params, input list or rule changed (then it runs again, as it would have on the original
+machine). Snakemake notices a changed `script:` by its modification time, which a restored output would hide, so
+``restore`` leaves out (as stale) every output whose rule's script differs from the commit checked out where it was
+archived.
 
 Snakemake reruns every job that consumes the output of a job it runs, so the inputs the archived jobs share with
 jobs still to run (the selection, the verification threshold, the original model's evaluation of each identity)
@@ -136,10 +137,11 @@ def shared_inputs(archive: Path, manifest: dict) -> list[str]:
                   if not any(fnmatch.fnmatch(p, pattern) for pattern in private))
 
 
-def inputs_to_build(archive: str | os.PathLike, workdir: str | os.PathLike) -> list[str]:
-    """The shared inputs of the archived jobs not yet in ``workdir``: the targets to build before ``restore``."""
+def inputs_to_build(archive: str | os.PathLike, workdir: str | os.PathLike, manifest: dict | None = None) -> list[str]:
+    """The shared inputs of the archived jobs not yet in ``workdir``: the targets to build before ``restore``
+    (``manifest``: the archive's, when already read)."""
     archive, workdir = Path(archive), Path(workdir)
-    manifest = _read_manifest(archive)
+    manifest = manifest or _read_manifest(archive)
     return [p for p in shared_inputs(archive, manifest) if not (workdir / p).exists()]
 
 
@@ -186,7 +188,7 @@ def restore(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
                                "damaged: check it out again (git checkout -- <archive>)")
         if not (archive / "metadata" / entry["metadata"]).is_file():
             raise ArchiveError(f"{archive}: the metadata record of {rel} is missing; the archive is damaged")
-    missing = inputs_to_build(archive, workdir)
+    missing = inputs_to_build(archive, workdir, manifest)
     if missing:
         raise ArchiveError(f"the archived jobs share {len(missing)} inputs that are not built here yet; a resumed "
                            "run would build them and so run the archived jobs again. Build them first (with the "
