@@ -7,7 +7,9 @@
 #   tools/audit_by_identity.sh [identity ...]    default: every forget identity, in the selection's order
 #
 # Environment: RUNS (unlearning runs audited), EXTERNAL (external models audited), CONFIG (config files), ARCHIVE,
-# RESULTS (their results_dir), CORES. The defaults are config/robust.yaml's audit.runs.
+# RESULTS (their results_dir), CORES, LANES. The defaults are config/robust.yaml's audit.runs and 2 lanes: the
+# identities are dealt round-robin to LANES queues that run side by side with CORES / LANES cores each, so that no
+# core waits while one identity's last job ends (one Snakemake run per identity cannot fill both cores then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -17,12 +19,40 @@ ARCHIVE=${ARCHIVE:-data/shipped/job-archives/study-robust}
 RUNS=${RUNS:-"piu_100 piu_meta piu_robust uce.tuned esd.tuned"}
 EXTERNAL=${EXTERNAL:-retrain}
 CORES=${CORES:-2}
+LANES=${LANES:-2}
 RESULTS=${RESULTS:-results}
+LOCK=.snakemake/audit_by_identity.lock
 
-snakemake() { "$PY" -m snakemake --cores "$CORES" "$@" --configfile $CONFIG; }
+snakemake() { "$PY" -m snakemake "$@" --configfile $CONFIG; }
+# The lanes' saves take turns: each rewrites the archive's manifest.
+save() { flock "$LOCK" "$PY" -m idunlearn archive save --archive "$ARCHIVE" --results "$RESULTS"; }
 
+lane() {  # the given identities one after another on CORES / LANES cores
+    local identity status
+    for identity in "$@"; do
+        echo "== identity $identity ($(date))"
+        local targets=("$RESULTS/audit/before/$identity/rows.parquet")
+        for run in $RUNS; do targets+=("$RESULTS/audit/after/$run/$identity/rows.parquet"); done
+        for name in $EXTERNAL; do targets+=("$RESULTS/audit/external/$name/$identity/rows.parquet"); done
+        status=0
+        # Lanes share the working directory, so Snakemake's lock is off; their jobs are disjoint (each identity's
+        # own), and the shared inputs were built before the lanes start.
+        snakemake --cores $((CORES / LANES)) --nolock --keep-going "${targets[@]}" || status=$?
+        save
+        if [ "$status" -ne 0 ]; then
+            echo "identity $identity: a job failed (exit $status); its log names it" >&2
+            return "$status"
+        fi
+    done
+}
+
+if [ "$LANES" -lt 1 ] || [ $((CORES / LANES)) -lt 1 ]; then
+    echo "LANES=$LANES with CORES=$CORES: each lane needs at least one core; set LANES between 1 and CORES" >&2
+    exit 2
+fi
 echo "== shared inputs ($(date))"
-snakemake audit_inputs
+snakemake --cores "$CORES" audit_inputs
+mkdir -p .snakemake
 if [ -f "$ARCHIVE/MANIFEST.json" ]; then
     "$PY" -m idunlearn archive restore --archive "$ARCHIVE"
 fi
@@ -31,17 +61,25 @@ if [ $# -eq 0 ]; then
 print(' '.join(str(i) for i in pd.read_parquet(sys.argv[1])['forget_identity']))" \
         "$RESULTS/selection/selections.parquet")
 fi
-for identity in "$@"; do
-    echo "== identity $identity ($(date))"
-    targets=("$RESULTS/audit/before/$identity/rows.parquet")
-    for run in $RUNS; do targets+=("$RESULTS/audit/after/$run/$identity/rows.parquet"); done
-    for name in $EXTERNAL; do targets+=("$RESULTS/audit/external/$name/$identity/rows.parquet"); done
-    status=0
-    snakemake --keep-going "${targets[@]}" || status=$?
-    "$PY" -m idunlearn archive save --archive "$ARCHIVE" --results "$RESULTS"
-    if [ "$status" -ne 0 ]; then
-        echo "identity $identity: a job failed (exit $status); its log names it" >&2
-        exit "$status"
+if [ "$RUNS" != "${RUNS/.tuned/}" ] && [ "$LANES" -gt 1 ]; then
+    # A tuned run needs the tuning's choice, which every lane would build: build it once, first.
+    snakemake --cores "$CORES" "$RESULTS/tables/tuning/choice.json"
+    save
+fi
+identities=("$@")
+pids=()
+for ((n = 0; n < LANES; n++)); do
+    queue=()
+    for ((i = n; i < ${#identities[@]}; i += LANES)); do queue+=("${identities[i]}"); done
+    if [ ${#queue[@]} -gt 0 ]; then
+        lane "${queue[@]}" > >(sed -u "s/^/[lane $n] /") 2>&1 &
+        pids+=($!)
     fi
 done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+if [ "$failed" -ne 0 ]; then
+    echo "a lane stopped at a failed job; the finished jobs are in $ARCHIVE" >&2
+    exit 1
+fi
 echo "== done ($(date)); the tables: snakemake audit --cores $CORES --configfile $CONFIG"
