@@ -185,6 +185,57 @@ rule audit_tables:
         "../workflow/scripts/audit_tables.py"
 
 
+# The audited runs' evaluation beside each other: the aggregate stage's tables on the audit's runs and identities
+# only (the study's tables need every run of the config), and each run paired with compare_to and with the
+# never-trained reference on forget / retain ISM, pooled SRK, KD and quality changes and unlearning time.
+use rule aggregate as audit_evaluation with:
+    input:
+        selections=rules.select_experiments.output.table,
+        before=lambda wc: expand(rules.evaluate_original.output.metrics, identity=audited_identities()),
+        before_samples=lambda wc: expand(rules.evaluate_original.output.samples, identity=audited_identities()),
+        after=lambda wc: run_outputs("metrics", audited_pairs()),
+        after_samples=lambda wc: run_outputs("samples", audited_pairs()),
+        timings=lambda wc: run_outputs("timings", audited_pairs()),
+        external=lambda wc: external_outputs("metrics", audited_external_pairs()),
+        external_samples=lambda wc: external_outputs("samples", audited_external_pairs()),
+        audit=[],
+    output:
+        metrics=results("tables", "audit_evaluation", "metrics.parquet"),
+        metrics_csv=results("tables", "audit_evaluation", "metrics.csv"),
+        counts=results("tables", "audit_evaluation", "sample_counts.parquet"),
+        summary=results("tables", "audit_evaluation", "summary.parquet"),
+        summary_csv=results("tables", "audit_evaluation", "summary.csv"),
+        summary_long=results("tables", "audit_evaluation", "summary_long.csv"),
+        summary_md=report(results("tables", "audit_evaluation", "summary.md"), category="Forgetting audit"),
+        costs=results("tables", "audit_evaluation", "costs.csv"),
+    params:
+        runs=lambda wc: audited_runs(),
+        external={name: entry.get("unet") or entry["generator"] for name, entry in external_models().items()},
+        seed=config["seed"],
+    log:
+        logs("audit_evaluation"),
+
+
+rule audit_evaluation_comparisons:
+    input:
+        metrics=rules.audit_evaluation.output.metrics,
+        counts=rules.audit_evaluation.output.counts,
+        costs=rules.audit_evaluation.output.costs,
+    output:
+        report(results("tables", "audit_evaluation", "comparisons.csv"), category="Forgetting audit"),
+    params:
+        compare_to=audit_reference(),
+        reference=config["audit"]["verdict"]["reference"],
+        seed=config["seed"],
+    log:
+        logs("audit_evaluation_comparisons"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/audit_evaluation_comparisons.py"
+
+
 rule audit:
     input:
         rules.audit_tables.output,
+        rules.audit_evaluation_comparisons.output,

@@ -129,6 +129,12 @@ def audited_external_pairs():
     return [(name, identity) for name, identity in external_identity_pairs() if audited(name)]
 
 
+def audited_runs():
+    """The audited unlearning runs, compare_to first (the audit's evaluation summary speaks of the first)."""
+    reference = config["audit"]["compare_to"]
+    return sorted((run for run in run_names() if audited(run)), key=lambda run: run != reference)
+
+
 def audited_identities():
     """Forget identities with at least one audited run or external model."""
     return sorted({identity for _, identity in audited_pairs() + audited_external_pairs()})
@@ -187,11 +193,12 @@ def controllable_losses():
             for run, identity in run_identity_pairs() if run in runs]
 
 
-def run_outputs(kind):
-    """Paths of every run x forget identity for one output of the unlearning/evaluation stages."""
+def run_outputs(kind, pairs=None):
+    """Paths of every run x forget identity (or of ``pairs``) for one output of the unlearning/evaluation stages."""
     pattern = {"metrics": rules.evaluate_unlearned.output.metrics, "samples": rules.evaluate_unlearned.output.samples,
                "timings": rules.unlearn.output.timings}[kind]
-    return [expand(pattern, run=run, identity=identity)[0] for run, identity in run_identity_pairs()]
+    return [expand(pattern, run=run, identity=identity)[0]
+            for run, identity in (run_identity_pairs() if pairs is None else pairs)]
 
 
 def run_identity_pairs():
@@ -241,11 +248,12 @@ def external_identity_pairs():
     return pairs
 
 
-def external_outputs(kind):
-    """Paths of every external model x identity for one output of evaluate_external."""
+def external_outputs(kind, pairs=None):
+    """Paths of every external model x identity (or of ``pairs``) for one output of evaluate_external."""
     pattern = {"metrics": rules.evaluate_external.output.metrics,
                "samples": rules.evaluate_external.output.samples}[kind]
-    return [expand(pattern, external=name, identity=identity)[0] for name, identity in external_identity_pairs()]
+    return [expand(pattern, external=name, identity=identity)[0]
+            for name, identity in (external_identity_pairs() if pairs is None else pairs)]
 
 
 def tuning_identities():

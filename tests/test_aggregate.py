@@ -207,3 +207,86 @@ def test_nested_markdown_demotes_every_heading_but_not_code_or_text():
     page = "# Forgetting audit\n\ntext with # inside\n#hashtag\n## Attack\n```sh\n# a shell comment\n```\n"
     assert nested_markdown(page) == ("## Forgetting audit\n\ntext with # inside\n#hashtag\n### Attack\n```sh\n"
                                      "# a shell comment\n```\n")
+
+
+# ----- paired_runs: the audit's runs paired by identity on their evaluation ---------------------------------------
+
+def _paired_tables():
+    """Runs A (compare_to), B and R (the never-trained reference, no unlearning cost) on identities 1-4: B exceeds
+    A and R by a known amount in every measure."""
+    step = {"A": 0.0, "B": 1.0, "R": -0.5}
+    offsets = np.array([0.1, 0.2, 0.4, 0.3])  # per identity, the same for every run: the pairing removes them
+    metrics, counts, costs = [], [], []
+    for run, shift in step.items():
+        for identity, offset in zip(range(1, 5), offsets):
+            metrics.append({"run": run, "forget_identity": identity, "ism_forget_after": offset + shift,
+                            "ism_retain_after": 2 * offset + shift + 0.05 * identity * (run == "B"),
+                            "kd_forget_delta": offset + 3 * shift, "kd_retain_delta": offset + shift,
+                            "quality_retain_delta": offset + shift})
+            hits = {"A": 2, "B": 1, "R": 4}[run]
+            counts.append({"run": run, "phase": "after", "forget_identity": identity, "forget_n": 10,
+                           "forget_hits": hits, "retain_n": 20, "retain_hits": 18})
+            if run != "R":
+                costs.append({"run": run, "forget_identity": identity, "steps": 100,
+                              "seconds_per_step": 1.0 + shift + offset, "trainable_parameters": 7})
+    return pd.DataFrame(metrics), pd.DataFrame(counts), pd.DataFrame(costs)
+
+
+def test_paired_runs_pairs_by_identity_with_t_intervals_holm_and_pooled_srk():
+    from scipy import stats
+
+    from idunlearn.evaluation.aggregate import paired_runs
+
+    metrics, counts, costs = _paired_tables()
+    table = paired_runs(metrics, counts, costs, {"compare": "A", "reference": "R"}, seed=0).set_index(["run", "measure"])
+    b = table.loc["B"]
+    # forget ISM: every paired difference B - A is 1.0, B - R 1.5
+    assert b.loc["forget ISM", "compare_diff"] == pytest.approx(1.0)
+    assert b.loc["forget ISM", "reference_diff"] == pytest.approx(1.5)
+    # retain ISM: differences 1 + 0.05 i; Student-t interval by hand
+    d = 1.0 + 0.05 * np.arange(1, 5)
+    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2.0
+    assert b.loc["retain ISM", ["compare_low", "compare_high"]].tolist() == pytest.approx([d.mean() - half,
+                                                                                         d.mean() + half])
+    assert b.loc["retain ISM", "mean"] == pytest.approx(np.mean(2 * np.array([0.1, 0.2, 0.4, 0.3]) + 1 + 0.05 *
+                                                                np.arange(1, 5)))
+    # unlearning time: 100 steps x (seconds per step), B - A = 100 s per identity; the reference has no time
+    assert b.loc["unlearning seconds per identity", "compare_diff"] == pytest.approx(100.0)
+    assert np.isnan(b.loc["unlearning seconds per identity", "reference_diff"])
+    assert "unlearning seconds per identity" not in table.loc["R"].index
+    # 4 positive differences: exact two-sided Wilcoxon p = 2 / 2^4; Holm over B's 6 tested measures against A:
+    # 0.125 x 6 = 0.75 for each (running maximum); against R only 5 are tested (no time): 0.625
+    assert b["compare_p_wilcoxon"].dropna().tolist() == pytest.approx([0.125] * 6)
+    assert b["compare_p_holm"].dropna().tolist() == pytest.approx([0.75] * 6)
+    assert b["reference_p_holm"].dropna().tolist() == pytest.approx([0.625] * 5)
+    # pooled SRK (PIU eq. 10): Acc_R / (Acc_U + 0.01) over all samples; B: 0.9 / 0.11, A: 0.9 / 0.21
+    assert b.loc["SRK (pooled)", "mean"] == pytest.approx(0.9 / 0.11)
+    assert b.loc["SRK (pooled)", "compare_diff"] == pytest.approx(0.9 / 0.11 - 0.9 / 0.21)
+    assert b.loc["SRK (pooled)", "difference_interval"] == "paired bootstrap"
+    assert np.isnan(b.loc["SRK (pooled)", "compare_p_wilcoxon"])
+    # a run is not paired with itself
+    assert table.loc[("A", "forget ISM"), ["compare_run", "reference_run"]].tolist()[1] == "R"
+    assert pd.isna(table.loc[("A", "forget ISM"), "compare_run"])
+
+
+def test_the_docs_show_each_run_s_paired_evaluation_with_p_only_where_tested(tmp_path):
+    from idunlearn.docs import MissingResults, render_audit_evaluation
+    from idunlearn.evaluation.aggregate import paired_runs
+
+    folder = tmp_path / "tables" / "audit_evaluation"
+    folder.mkdir(parents=True)
+    with pytest.raises(MissingResults, match="comparisons.csv"):
+        render_audit_evaluation(tmp_path, "B")
+    metrics, counts, costs = _paired_tables()
+    paired_runs(metrics, counts, costs, {"compare": "A", "reference": "R"}, seed=0).to_csv(
+        folder / "comparisons.csv", index=False)
+    lines = render_audit_evaluation(tmp_path, "B,R").splitlines()
+    assert lines[0] == ("| run | measure | identities | mean (95% interval) | minus `A` (interval), Holm p | "
+                        "minus `R` (interval), Holm p |")
+    rows = {(cells[0], cells[1]): cells for cells in (line[2:-2].split(" | ") for line in lines[2:])}
+    assert len(rows) == 7 + 6  # B: every measure; R: no unlearning time
+    assert rows["`B`", "forget ISM"][4].startswith("1.000 (") and rows["`B`", "forget ISM"][4].endswith("p 0.750")
+    assert rows["`B`", "SRK (pooled)"][4] == "3.896 (3.896 to 3.896)"  # no p: a pooled value, not a test
+    assert rows["`R`", "forget ISM"][5] == "-"  # not paired with itself
+    with pytest.raises(MissingResults, match=r"\['C'\]"):
+        render_audit_evaluation(tmp_path, "C")

@@ -214,12 +214,14 @@ def render_audit_comparisons(results: Path, argument: str | None) -> str:
     return markdown_table(["runs", "measure", "n", "difference (95% interval)", "p"], rows)
 
 
-def _against(row, side: str) -> str:
-    """'difference (t interval), Holm p' of a target row against the run named in its ``<side>_run`` column."""
+def _against(row, side: str, columns: tuple[str, str, str] = ("mean_diff", "t_low", "t_high")) -> str:
+    """'difference (interval), Holm p' of a row against the run named in its ``<side>_run`` column; ``columns``: the
+    difference's and its interval's column names after the side's prefix; no p where the row has none."""
     if pd.isna(row[f"{side}_run"]):
         return "-"
-    return (f"{interval(row[f'{side}_mean_diff'], row[f'{side}_t_low'], row[f'{side}_t_high'])}, "
-            f"p {p_value(row[f'{side}_p_holm'])}")
+    difference = interval(*(row[f"{side}_{column}"] for column in columns))
+    p = row[f"{side}_p_holm"]
+    return difference if pd.isna(p) else f"{difference}, p {p_value(p)}"
 
 
 def render_audit_targets(results: Path, argument: str | None) -> str:
@@ -341,6 +343,23 @@ def render_many_strategies(results: Path, argument: str | None) -> str:
                              RETAIN_TARGETS.values())], rows)
 
 
+def render_audit_evaluation(results: Path, argument: str | None) -> str:
+    """Per listed run (``tables/audit_evaluation/comparisons.csv``): forget and retain ISM, pooled SRK, KD and
+    quality changes and unlearning time per identity (95% identity-bootstrap interval), and the run minus compare_to
+    and minus the never-trained reference (Student-t interval and Holm-corrected Wilcoxon p; SRK: paired bootstrap
+    interval of the pooled values)."""
+    table = _read(results, "tables", "audit_evaluation", "comparisons.csv")
+    runs = _runs(argument) or sorted(table["run"].unique())
+    _require_runs(table, runs, "tables/audit_evaluation/comparisons.csv")
+    rows = [[f"`{row['run']}`", row["measure"], str(row["n"]), interval(row["mean"], row["ci_low"], row["ci_high"]),
+             *(_against(row, side, ("diff", "low", "high")) for side in ("compare", "reference"))]
+            for run in runs for row in table[table["run"] == run].to_dict("records")]
+    compare, reference = (next((r for r in table[f"{side}_run"].dropna().unique()), "-")
+                          for side in ("compare", "reference"))
+    return markdown_table(["run", "measure", "identities", "mean (95% interval)",
+                           f"minus `{compare}` (interval), Holm p", f"minus `{reference}` (interval), Holm p"], rows)
+
+
 RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "headline": render_headline,
     "study": render_study_table,
@@ -350,6 +369,7 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "audit.verdicts": render_audit_verdicts,
     "audit.comparisons": render_audit_comparisons,
     "audit.targets": render_audit_targets,
+    "audit.evaluation": render_audit_evaluation,
     "evaluation.external": render_external_evaluation,
     "controllable.front": render_file_table("tables", "pareto_summary.csv"),
     "many.joint": render_many_jobs("many_joint.csv"),

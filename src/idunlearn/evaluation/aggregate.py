@@ -1,5 +1,6 @@
 """Aggregation of per-run metrics: means with Student-t confidence intervals (the wide summary), before/after
-columns, the tidy per-run summary with the pooled SRK and identity-bootstrap intervals, and its headline table.
+columns, the tidy per-run summary with the pooled SRK and identity-bootstrap intervals, its headline table, and runs
+paired by forget identity on their evaluation (``paired_runs``).
 
 NaN handling: a NaN value means "not measured" and is left out, so each statistic is over the non-NaN values only
 (``summarise`` reports that count as ``<col>_n`` beside the group's row count ``n``). No values left gives a NaN
@@ -11,10 +12,11 @@ import json
 import re
 from typing import Iterable, Mapping
 
+import numpy as np
 import pandas as pd
 
-from .statistics import (COUNT_COLUMNS, bootstrap_mean, bootstrap_pooled, mean_ci, pooled_difference,
-                         pooled_srk)
+from .statistics import (COUNT_COLUMNS, bootstrap_mean, bootstrap_pooled, holm, mean_ci, mean_difference,
+                         paired_differences, pooled_difference, pooled_srk)
 
 
 def summarise(metrics: pd.DataFrame, group_cols: list[str], value_cols: list[str]) -> pd.DataFrame:
@@ -149,3 +151,71 @@ def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) ->
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"
 
+
+
+# ----- runs paired by forget identity on their evaluation --------------------------------------------------------
+
+# measure -> the metrics column compared (a mean over identities); SRK is pooled from the sample counts instead
+PAIRED_MEASURES = {"forget ISM": "ism_forget_after", "retain ISM": "ism_retain_after", "SRK (pooled)": None,
+                   "KD change, forget samples": "kd_forget_delta", "KD change, retain samples": "kd_retain_delta",
+                   "quality change, retain samples": "quality_retain_delta",
+                   "unlearning seconds per identity": "unlearning_seconds"}
+PAIRED_SIDES = ("compare", "reference")
+PAIRED_COLUMNS = ["run", "measure", "n", "mean", "ci_low", "ci_high", "difference_interval",
+                  *[f"{side}_{column}" for side in PAIRED_SIDES
+                    for column in ("run", "n", "diff", "low", "high", "p_wilcoxon", "p_holm")]]
+
+
+def _difference(metrics: pd.DataFrame, counts: pd.DataFrame, run: str, other: str | None, column: str | None,
+                seed: int) -> dict:
+    """``run`` minus ``other`` on the identities both have: mean of the paired differences (Student-t interval,
+    two-sided Wilcoxon p) or, for SRK (``column`` None), difference of the pooled values (paired bootstrap, no p)."""
+    runs = set(metrics["run"])
+    if other is None or other == run or other not in runs:
+        return {}
+    if column is None:
+        n, diff, low, high = pooled_difference(identity_counts(counts, other, "after"),
+                                               identity_counts(counts, run, "after"), pooled_srk, seed)
+        return {"run": other, "n": n, "diff": diff, "low": low, "high": high, "p_wilcoxon": float("nan")}
+    values = metrics.set_index(["run", "forget_identity"])[column]
+    differences = paired_differences(values.loc[other], values.loc[run])
+    if not len(differences):
+        return {}
+    paired = mean_difference(differences, seed)
+    return {"run": other, "n": paired["n"], "diff": paired["mean_diff"], "low": paired["t_low"],
+            "high": paired["t_high"], "p_wilcoxon": paired["p_wilcoxon"]}
+
+
+def paired_runs(metrics: pd.DataFrame, counts: pd.DataFrame, costs: pd.DataFrame, against: Mapping[str, str | None],
+                seed: int) -> pd.DataFrame:
+    """One row per (run, measure of ``PAIRED_MEASURES`` the run has): its value over its forget identities with a
+    95% identity-bootstrap interval (SRK pooled over every sample of every identity, PIU eqs. 8-10; every other
+    measure a mean over identities), and for each side of ``against`` ("compare", "reference": a run or None) the
+    run minus that run, paired by identity (``_difference``), Holm-corrected over the run's measures against it.
+    ``metrics`` / ``counts``: the aggregate stage's metrics and sample-count tables; ``costs``: its costs table, whose
+    steps x seconds per step give an unlearning job's time (external models have none)."""
+    seconds = costs.assign(unlearning_seconds=costs["steps"] * costs["seconds_per_step"])
+    metrics = metrics.merge(seconds[["run", "forget_identity", "unlearning_seconds"]], how="left",
+                            on=["run", "forget_identity"])
+    records = []
+    for run in sorted(metrics["run"].unique()):
+        own = metrics[metrics["run"] == run]
+        for measure, column in PAIRED_MEASURES.items():
+            if column is None:
+                after = identity_counts(counts, run, "after")
+                n, (mean, low, high) = len(after), bootstrap_pooled(after, pooled_srk, seed)
+            else:
+                n, (mean, low, high) = int(own[column].notna().sum()), bootstrap_mean(own[column], seed)
+            if not n:
+                continue
+            record = {"run": run, "measure": measure, "n": n, "mean": mean, "ci_low": low, "ci_high": high,
+                      "difference_interval": "paired bootstrap" if column is None else "Student-t"}
+            for side in PAIRED_SIDES:
+                record.update({f"{side}_{k}": v for k, v in
+                               _difference(metrics, counts, run, against.get(side), column, seed).items()})
+            records.append(record)
+    out = pd.DataFrame.from_records(records).reindex(columns=PAIRED_COLUMNS)
+    for side in PAIRED_SIDES:
+        for _, part in out.groupby("run"):  # Holm (1979) over the run's measures against that run
+            out.loc[part.index, f"{side}_p_holm"] = holm(part[f"{side}_p_wilcoxon"].to_numpy(np.float64))
+    return out
