@@ -72,9 +72,11 @@ def test_every_stage_runs_on_the_stand_in_hub_within_five_minutes(rehearsal):
     ran = {rule for rule, _ in jobs_run(proc)}
     assert {"acquire_dataset", "face_models", "extract_embeddings", "cluster_identities", "select_experiments",
             "layer_analysis", "unlearn", "evaluate_original", "evaluate_unlearned", "aggregate", "audit_original",
-            "audit_unlearned", "audit_tables", "export_unlearned"} <= ran, sorted(ran)
+            "audit_unlearned", "audit_tables", "audit_evaluation", "audit_evaluation_comparisons",
+            "export_unlearned"} <= ran, sorted(ran)
     assert seconds <= 300, f"the rehearsal took {seconds:.0f} s ({cpu:.0f} CPU seconds)"
     assert (results / "tables" / "metrics.csv").is_file() and (results / "tables" / "audit_summary.md").is_file()
+    assert (results / "tables" / "audit_evaluation" / "comparisons.csv").is_file()
 
 
 def test_the_dataset_and_identity_stages_find_the_pasted_people(rehearsal):
