@@ -4,6 +4,7 @@ they end, the saves taking turns, a failed job stopping only its own lane. Run h
 records each call instead of running Snakemake (the archive itself: tests/test_archive.py)."""
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,11 @@ case "$2" in
   snakemake)
     echo "snakemake $*" >> "$log"
     if [ -n "${FAIL_IDENTITY:-}" ] && [[ "$*" == *"/before/$FAIL_IDENTITY/"* ]]; then exit 1; fi
+    if [ -n "${SLOW:-}" ] && [[ "$*" == *"--nolock"* ]]; then
+      # as Snakemake on SIGTERM: the running job ends, no other starts, and the run fails
+      trap 'echo "graceful $$" >> "$log"; sleep 0.3; exit 1' TERM
+      for _ in $(seq 100); do sleep 0.1; done
+    fi
     sleep 0.2 ;;
   idunlearn)
     echo "$4 start" >> "$log"; sleep 0.3; echo "$4 end" >> "$log" ;;
@@ -26,7 +32,8 @@ esac
 """
 
 
-def run_tool(tmp_path, identities, **env):
+def tool(tmp_path, identities, **env):
+    """The tool in a fresh working folder with the stand-in (not started): (command, folder, environment)."""
     work = tmp_path / "work"
     (work / "tools").mkdir(parents=True)
     shutil.copy(ROOT / "tools" / "audit_by_identity.sh", work / "tools")
@@ -39,9 +46,18 @@ def run_tool(tmp_path, identities, **env):
     calls = tmp_path / "calls.log"
     full_env = {"PATH": "/usr/bin:/bin", "PY": str(stand_in), "CALLS": str(calls), "ARCHIVE": "archive",
                 "RUNS": "piu_100", "EXTERNAL": "retrain", **env}
-    done = subprocess.run(["bash", "tools/audit_by_identity.sh", *map(str, identities)], cwd=work, env=full_env,
-                          capture_output=True, text=True, timeout=60)
-    return done, (calls.read_text().splitlines() if calls.exists() else [])
+    return ["bash", "tools/audit_by_identity.sh", *map(str, identities)], work, full_env
+
+
+def calls_of(tmp_path):
+    calls = tmp_path / "calls.log"
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+def run_tool(tmp_path, identities, **env):
+    command, work, full_env = tool(tmp_path, identities, **env)
+    done = subprocess.run(command, cwd=work, env=full_env, capture_output=True, text=True, timeout=60)
+    return done, calls_of(tmp_path)
 
 
 def audit_runs(calls):
@@ -108,3 +124,21 @@ def test_more_lanes_than_cores_is_a_clear_error(tmp_path, lanes):
     assert done.returncode == 2
     assert "each lane needs at least one core" in done.stderr
     assert calls == []
+
+
+def test_stop_lets_the_running_jobs_end_archives_them_and_starts_nothing_more(tmp_path):
+    command, work, env = tool(tmp_path, [7, 36, 15, 38], CORES="2", LANES="2", SLOW="1")
+    running = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while len(list((work / ".snakemake").glob("audit_by_identity.stop.*.pid"))) < 2:
+        assert time.monotonic() < deadline and running.poll() is None, "the lanes did not start"
+        time.sleep(0.1)
+    stop = subprocess.run([*command[:2], "--stop"], cwd=work, env=env, capture_output=True, text=True, timeout=10)
+    assert stop.returncode == 0 and "asked the lanes to stop" in stop.stdout
+    output, _ = running.communicate(timeout=30)
+    assert running.returncode == 0, output
+    calls = calls_of(tmp_path)
+    assert sum(c.startswith("graceful") for c in calls) == 2  # each lane's Snakemake, not the tool, got the signal
+    assert sorted(i for i, _, _ in audit_runs(calls)) == [7, 36]  # 15 and 38 never started
+    assert calls.count("save start") == 2  # the two identities' finished jobs archived
+    assert "stopped on request" in output and not (work / ".snakemake" / "audit_by_identity.stop").exists()

@@ -5,6 +5,7 @@
 # begun on another machine.
 #
 #   tools/audit_by_identity.sh [identity ...]    default: every forget identity, in the selection's order
+#   tools/audit_by_identity.sh --stop            let the running jobs finish, start no more, archive them, end
 #
 # Environment: RUNS (unlearning runs audited), EXTERNAL (external models audited), CONFIG (config files), ARCHIVE,
 # RESULTS (their results_dir), CORES, LANES. The defaults are config/robust.yaml's audit.runs and 2 lanes: the
@@ -22,14 +23,30 @@ CORES=${CORES:-2}
 LANES=${LANES:-2}
 RESULTS=${RESULTS:-results}
 LOCK=.snakemake/audit_by_identity.lock
+STOP=.snakemake/audit_by_identity.stop  # asks the lanes to stop; each lane's Snakemake PID in $STOP.<lane>.pid
 
 snakemake() { "$PY" -m snakemake "$@" --configfile $CONFIG; }
 # The lanes' saves take turns: each rewrites the archive's manifest.
 save() { flock "$LOCK" "$PY" -m idunlearn archive save --archive "$ARCHIVE" --results "$RESULTS"; }
 
-lane() {  # the given identities one after another on CORES / LANES cores
-    local identity status
+if [ "${1:-}" = "--stop" ]; then
+    # SIGTERM makes Snakemake finish the jobs it is running and start no more; the lanes then archive and end.
+    touch "$STOP"
+    for pid_file in "$STOP".*.pid; do
+        [ -f "$pid_file" ] && kill -TERM "$(cat "$pid_file")" 2> /dev/null || true
+    done
+    echo "asked the lanes to stop: they end when their running jobs do, and archive them"
+    exit 0
+fi
+
+lane() {  # lane $1 runs the identities $2... one after another on CORES / LANES cores
+    local n=$1 identity status pid
+    shift
     for identity in "$@"; do
+        if [ -e "$STOP" ]; then
+            echo "== stopped on request before identity $identity"
+            return 0
+        fi
         echo "== identity $identity ($(date))"
         local targets=("$RESULTS/audit/before/$identity/rows.parquet")
         for run in $RUNS; do targets+=("$RESULTS/audit/after/$run/$identity/rows.parquet"); done
@@ -37,9 +54,16 @@ lane() {  # the given identities one after another on CORES / LANES cores
         status=0
         # Lanes share the working directory, so Snakemake's lock is off; their jobs are disjoint (each identity's
         # own), and the shared inputs were built before the lanes start.
-        snakemake --cores $((CORES / LANES)) --nolock --keep-going "${targets[@]}" || status=$?
+        "$PY" -m snakemake --cores $((CORES / LANES)) --nolock --keep-going "${targets[@]}" --configfile $CONFIG &
+        pid=$!  # Snakemake's own: a simple command in the background is its own process
+        echo "$pid" > "$STOP.$n.pid"
+        wait "$pid" || status=$?
+        rm -f "$STOP.$n.pid"
         save
-        if [ "$status" -ne 0 ]; then
+        if [ -e "$STOP" ]; then
+            echo "== stopped on request during identity $identity: its finished jobs are archived"
+            return 0
+        elif [ "$status" -ne 0 ]; then
             echo "identity $identity: a job failed (exit $status); its log names it" >&2
             return "$status"
         fi
@@ -50,9 +74,10 @@ if [ "$LANES" -lt 1 ] || [ $((CORES / LANES)) -lt 1 ]; then
     echo "LANES=$LANES with CORES=$CORES: each lane needs at least one core; set LANES between 1 and CORES" >&2
     exit 2
 fi
+mkdir -p .snakemake
+rm -f "$STOP" "$STOP".*.pid
 echo "== shared inputs ($(date))"
 snakemake --cores "$CORES" audit_inputs
-mkdir -p .snakemake
 if [ -f "$ARCHIVE/MANIFEST.json" ]; then
     "$PY" -m idunlearn archive restore --archive "$ARCHIVE"
 fi
@@ -72,7 +97,7 @@ for ((n = 0; n < LANES; n++)); do
     queue=()
     for ((i = n; i < ${#identities[@]}; i += LANES)); do queue+=("${identities[i]}"); done
     if [ ${#queue[@]} -gt 0 ]; then
-        lane "${queue[@]}" > >(sed -u "s/^/[lane $n] /") 2>&1 &
+        lane "$n" "${queue[@]}" > >(sed -u "s/^/[lane $n] /") 2>&1 &
         pids+=($!)
     fi
 done
@@ -81,5 +106,9 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 if [ "$failed" -ne 0 ]; then
     echo "a lane stopped at a failed job; the finished jobs are in $ARCHIVE" >&2
     exit 1
+elif [ -e "$STOP" ]; then
+    rm -f "$STOP"
+    echo "== stopped on request ($(date)); the finished jobs are in $ARCHIVE"
+    exit 0
 fi
 echo "== done ($(date)); the tables: snakemake audit --cores $CORES --configfile $CONFIG"
