@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..evaluation.statistics import bootstrap_mean, bootstrap_pooled, holm, mean_difference, paired_differences
+from ..evaluation.statistics import bootstrap_mean, bootstrap_pooled, holm, paired_with
 from .heldout import HELDOUT_RELEARNING
 from .tables import ORIGINAL
 from .verdicts import HELDOUT_COMPARED, row_values
@@ -46,15 +46,6 @@ def target_rows(table: pd.DataFrame, targets: dict) -> list[tuple[str, str, str,
     return [row for row in rows if row[1:4] in present]
 
 
-def _paired(values: pd.Series, run: str, other: str | None, seed: int) -> dict:
-    """``run`` - ``other`` per identity (``mean_difference``); empty without the other run or with the run itself."""
-    runs = set(values.index.get_level_values("run"))
-    if other is None or other == run or other not in runs:
-        return {}
-    differences = paired_differences(values.loc[other], values.loc[run])
-    return {"run": other, **mean_difference(differences, seed)} if len(differences) else {}
-
-
 def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, reference: str | None,
                   seed: int) -> pd.DataFrame:
     """One row per (audited run other than the original, target): value with interval, met, margin, and the pairings
@@ -80,7 +71,7 @@ def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, re
                       "bound": bound, "n": n, "mean": mean, "ci_low": low, "ci_high": high,
                       "met": bool(margin >= 0), "margin": margin}
             for side, other in zip(AGAINST, (compare_to, reference)):
-                record.update({f"{side}_{k}": v for k, v in _paired(values, run, other, seed).items()})
+                record.update({f"{side}_{k}": v for k, v in paired_with(values, run, other, seed).items()})
             records.append(record)
     out = pd.DataFrame.from_records(records).reindex(columns=TARGET_COLUMNS)
     for side in AGAINST:

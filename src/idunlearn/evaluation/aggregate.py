@@ -15,8 +15,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from .statistics import (COUNT_COLUMNS, bootstrap_mean, bootstrap_pooled, holm, mean_ci, mean_difference,
-                         paired_differences, pooled_difference, pooled_srk)
+from .statistics import (COUNT_COLUMNS, bootstrap_mean, bootstrap_pooled, holm, mean_ci, paired_with,
+                         pooled_difference, pooled_srk)
 
 
 def summarise(metrics: pd.DataFrame, group_cols: list[str], value_cols: list[str]) -> pd.DataFrame:
@@ -152,7 +152,6 @@ def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) ->
     return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"
 
 
-
 # ----- runs paired by forget identity on their evaluation --------------------------------------------------------
 
 # measure -> the metrics column compared (a mean over identities); SRK is pooled from the sample counts instead
@@ -166,24 +165,19 @@ PAIRED_COLUMNS = ["run", "measure", "n", "mean", "ci_low", "ci_high", "differenc
                     for column in ("run", "n", "diff", "low", "high", "p_wilcoxon", "p_holm")]]
 
 
-def _difference(metrics: pd.DataFrame, counts: pd.DataFrame, run: str, other: str | None, column: str | None,
-                seed: int) -> dict:
-    """``run`` minus ``other`` on the identities both have: mean of the paired differences (Student-t interval,
-    two-sided Wilcoxon p) or, for SRK (``column`` None), difference of the pooled values (paired bootstrap, no p)."""
-    runs = set(metrics["run"])
-    if other is None or other == run or other not in runs:
+def _difference(values: pd.Series | None, counts: pd.DataFrame, run: str, other: str | None, seed: int) -> dict:
+    """``run`` minus ``other`` on the identities both have: the mean of the paired differences of ``values``
+    (indexed by run and forget identity; Student-t interval, two-sided Wilcoxon p) or, for SRK (``values`` None),
+    the difference of the pooled values (paired bootstrap interval, no p)."""
+    if values is not None:
+        paired = paired_with(values, run, other, seed)
+        return paired and {"run": other, "n": paired["n"], "diff": paired["mean_diff"], "low": paired["t_low"],
+                           "high": paired["t_high"], "p_wilcoxon": paired["p_wilcoxon"]}
+    if other is None or other == run or other not in set(counts["run"]):
         return {}
-    if column is None:
-        n, diff, low, high = pooled_difference(identity_counts(counts, other, "after"),
-                                               identity_counts(counts, run, "after"), pooled_srk, seed)
-        return {"run": other, "n": n, "diff": diff, "low": low, "high": high, "p_wilcoxon": float("nan")}
-    values = metrics.set_index(["run", "forget_identity"])[column]
-    differences = paired_differences(values.loc[other], values.loc[run])
-    if not len(differences):
-        return {}
-    paired = mean_difference(differences, seed)
-    return {"run": other, "n": paired["n"], "diff": paired["mean_diff"], "low": paired["t_low"],
-            "high": paired["t_high"], "p_wilcoxon": paired["p_wilcoxon"]}
+    n, diff, low, high = pooled_difference(identity_counts(counts, other, "after"),
+                                           identity_counts(counts, run, "after"), pooled_srk, seed)
+    return {"run": other, "n": n, "diff": diff, "low": low, "high": high, "p_wilcoxon": float("nan")}
 
 
 def paired_runs(metrics: pd.DataFrame, counts: pd.DataFrame, costs: pd.DataFrame, against: Mapping[str, str | None],
@@ -197,6 +191,7 @@ def paired_runs(metrics: pd.DataFrame, counts: pd.DataFrame, costs: pd.DataFrame
     seconds = costs.assign(unlearning_seconds=costs["steps"] * costs["seconds_per_step"])
     metrics = metrics.merge(seconds[["run", "forget_identity", "unlearning_seconds"]], how="left",
                             on=["run", "forget_identity"])
+    indexed = metrics.set_index(["run", "forget_identity"])
     records = []
     for run in sorted(metrics["run"].unique()):
         own = metrics[metrics["run"] == run]
@@ -212,7 +207,8 @@ def paired_runs(metrics: pd.DataFrame, counts: pd.DataFrame, costs: pd.DataFrame
                       "difference_interval": "paired bootstrap" if column is None else "Student-t"}
             for side in PAIRED_SIDES:
                 record.update({f"{side}_{k}": v for k, v in
-                               _difference(metrics, counts, run, against.get(side), column, seed).items()})
+                               _difference(None if column is None else indexed[column], counts, run,
+                                           against.get(side), seed).items()})
             records.append(record)
     out = pd.DataFrame.from_records(records).reindex(columns=PAIRED_COLUMNS)
     for side in PAIRED_SIDES:

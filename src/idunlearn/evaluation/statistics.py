@@ -125,6 +125,16 @@ def mean_difference(differences: pd.Series, seed: int, direction: int = 0, n_boo
             "t_low": mean - half, "t_high": mean + half, "p_wilcoxon": wilcoxon_p(differences, direction)}
 
 
+def paired_with(values: pd.Series, run: str, other: str | None, seed: int) -> dict:
+    """``run`` - ``other`` per identity (``values`` indexed by run and forget identity), as ``mean_difference`` with
+    the other run's name; empty without the other run, with the run itself or without shared identities."""
+    runs = set(values.index.get_level_values("run"))
+    if other is None or other == run or other not in runs:
+        return {}
+    differences = paired_differences(values.loc[other], values.loc[run])
+    return {"run": other, **mean_difference(differences, seed)} if len(differences) else {}
+
+
 def holm(pvalues) -> np.ndarray:
     """Holm-adjusted p-values of one family of tests; NaN (untestable) entries stay NaN and are not counted."""
     p = np.asarray(pvalues, np.float64)
