@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from idunlearn.archive import ArchiveError, inputs_to_build, record_name, restore, save
+from idunlearn.archive import ArchiveError, inputs_to_build, record_name, restore_jobs, save_jobs
 
 # shared: built for every job (like the selection); private/{i}: one job's own input (like its unlearned model)
 SNAKEFILE = """
@@ -55,18 +55,18 @@ def test_record_name_is_snakemakes_metadata_file(tmp_path):
 def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
     first, second, archive = workdir(tmp_path, "first"), workdir(tmp_path, "second"), tmp_path / "archive"
     snakemake(first, "res/audit/1.txt")
-    manifest = save(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    manifest = save_jobs(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
     assert sorted(manifest["files"]) == ["res/audit/1.txt"]
 
     # on the new machine the shared input is not built yet: restoring now would make the run redo the job
     assert inputs_to_build(archive, second) == ["res/shared.txt"]
     with pytest.raises(ArchiveError, match="res/shared.txt"):
-        restore(archive, second)
+        restore_jobs(archive, second)
     assert not (second / "res" / "audit").exists()  # nothing half-restored
 
     snakemake(second, "res/shared.txt")
     assert inputs_to_build(archive, second) == []
-    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
+    assert restore_jobs(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
     plan = snakemake(second, "-n", "all")
     assert "output: res/audit/2.txt" in plan
     assert "output: res/audit/1.txt" not in plan and "output: res/private/1.txt" not in plan
@@ -77,27 +77,27 @@ def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
     # the carried metadata still makes Snakemake rerun a job whose params changed
     assert "output: res/audit/1.txt" in snakemake(second, "--config", "level=2", "-n", "all")
     # restoring again gives the same file the current time (it must not fall behind other restored files)
-    assert restore(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
+    assert restore_jobs(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
     # a different output there is that machine's own run of the job: kept
     snakemake(second, "res/audit/1.txt", "--forcerun", "audit")
     own = (second / "res/audit/1.txt").read_text()
-    assert restore(archive, second) == {"restored": [], "kept": ["res/audit/1.txt"], "stale": []}
+    assert restore_jobs(archive, second) == {"restored": [], "kept": ["res/audit/1.txt"], "stale": []}
     assert (second / "res/audit/1.txt").read_text() == own
 
 
 def test_damaged_or_missing_archive_is_refused(tmp_path):
     first, archive = workdir(tmp_path, "first"), tmp_path / "archive"
     with pytest.raises(ArchiveError, match="nothing to archive"):
-        save(first, archive, ["res/audit/*.txt"])
+        save_jobs(first, archive, ["res/audit/*.txt"])
     snakemake(first, "res/audit/1.txt")
-    save(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    save_jobs(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
     (archive / "files" / "res" / "audit" / "1.txt").write_text("edited\n")
     second = workdir(tmp_path, "second")
     snakemake(second, "res/shared.txt")
     with pytest.raises(ArchiveError, match="sha256"):
-        restore(archive, second)
+        restore_jobs(archive, second)
     with pytest.raises(ArchiveError, match="not a job archive"):
-        restore(tmp_path / "nowhere", second)
+        restore_jobs(tmp_path / "nowhere", second)
 
 
 def test_unfinished_outputs_are_not_archived(tmp_path):
@@ -106,15 +106,15 @@ def test_unfinished_outputs_are_not_archived(tmp_path):
     first, archive = workdir(tmp_path, "first"), tmp_path / "archive"
     snakemake(first, "res/audit/1.txt")
     (first / "res" / "audit" / "2.txt").write_text("half\n")
-    assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt"]
+    assert sorted(save_jobs(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt"]
     (first / "res" / "audit" / "2.txt").unlink()
     snakemake(first, "res/audit/2.txt")  # finished now, but marked incomplete as while its job runs
     marker = first / ".snakemake" / "incomplete" / record_name("res/audit/2.txt")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt"]
+    assert sorted(save_jobs(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt"]
     marker.unlink()
-    assert sorted(save(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt", "res/audit/2.txt"]
+    assert sorted(save_jobs(first, archive, ["res/audit/*.txt"])["files"]) == ["res/audit/1.txt", "res/audit/2.txt"]
 
 
 def test_saving_again_keeps_each_job_s_provenance_and_replaces_a_changed_output(tmp_path):
@@ -122,14 +122,14 @@ def test_saving_again_keeps_each_job_s_provenance_and_replaces_a_changed_output(
     output that a newer run changed replaces it."""
     first, archive = workdir(tmp_path, "first"), tmp_path / "archive"
     snakemake(first, "res/audit/1.txt")
-    save(first, archive, ["res/audit/*.txt"])
+    save_jobs(first, archive, ["res/audit/*.txt"])
     manifest_path = archive / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text())
     manifest["files"]["res/audit/1.txt"]["checkout"] = "earlier"
     manifest_path.write_text(json.dumps(manifest))
-    assert save(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]["checkout"] == "earlier"
+    assert save_jobs(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]["checkout"] == "earlier"
     snakemake(first, "res/audit/1.txt", "--forcerun", "audit")  # its $RANDOM makes the output differ
-    entry = save(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]
+    entry = save_jobs(first, archive, ["res/audit/*.txt"])["files"]["res/audit/1.txt"]
     assert entry["checkout"] != "earlier" and entry["ended"].startswith("20")
     assert (archive / "files" / "res" / "audit" / "1.txt").read_text() == (first / "res/audit/1.txt").read_text()
 
@@ -139,12 +139,12 @@ def test_restoring_a_grown_archive_does_not_leave_a_job_older_than_its_restored_
     would be newer than the job's output and Snakemake would run the job again."""
     first, second, archive = workdir(tmp_path, "first"), workdir(tmp_path, "second"), tmp_path / "archive"
     snakemake(first, "res/audit/1.txt")
-    save(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    save_jobs(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
     snakemake(second, "res/shared.txt")
-    restore(archive, second)
+    restore_jobs(archive, second)
     time.sleep(0.05)
-    save(first, archive, ["res/audit/*.txt", "res/private/*.txt"])
-    assert restore(archive, second)["restored"] == ["res/audit/1.txt", "res/private/1.txt"]
+    save_jobs(first, archive, ["res/audit/*.txt", "res/private/*.txt"])
+    assert restore_jobs(archive, second)["restored"] == ["res/audit/1.txt", "res/private/1.txt"]
     assert "output: res/audit/1.txt" not in snakemake(second, "-n", "all")
 
 
@@ -166,12 +166,12 @@ rule scripted:
     subprocess.run([*git, "-C", str(first), "commit", "-qm", "workflow"], check=True)
     snakemake(first, "res/scripted/1.txt")
     archive = tmp_path / "archive"
-    save(first, archive, ["res/scripted/*.txt"])
+    save_jobs(first, archive, ["res/scripted/*.txt"])
     second = tmp_path / "second"
     subprocess.run(["git", "clone", "-q", str(first), str(second)], check=True)
     snakemake(second, "res/shared.txt")
-    assert restore(archive, second)["restored"] == ["res/scripted/1.txt"]
+    assert restore_jobs(archive, second)["restored"] == ["res/scripted/1.txt"]
     (second / "res" / "scripted" / "1.txt").unlink()
     (second / "scripts" / "write.py").write_text("open(snakemake.output[0], 'w').write('second version')\n")
-    assert restore(archive, second) == {"restored": [], "kept": [], "stale": ["res/scripted/1.txt"]}
+    assert restore_jobs(archive, second) == {"restored": [], "kept": [], "stale": ["res/scripted/1.txt"]}
     assert "output: res/scripted/1.txt" in snakemake(second, "-n", "res/scripted/1.txt")

@@ -71,17 +71,17 @@ def docs_command(results: str, root: str) -> None:
 def archive_command(action: str, archive: str, results: str, workdir: str) -> None:
     """Carry the audit's finished jobs to another machine: `save` adds them to the archive folder, `restore` puts
     them back (after `snakemake audit_inputs`) so that the resumed run skips them."""
-    from .archive import AUDIT_PATTERNS, AUDIT_PRIVATE, ArchiveError, restore, save
+    from .archive import AUDIT_PATTERNS, AUDIT_PRIVATE, ArchiveError, restore_jobs, save_jobs
 
     def expand(patterns):
         return [p.format(results=results) for p in patterns]
 
     try:
         if action == "save":
-            manifest = save(workdir, archive, expand(AUDIT_PATTERNS), expand(AUDIT_PRIVATE))
+            manifest = save_jobs(workdir, archive, expand(AUDIT_PATTERNS), expand(AUDIT_PRIVATE))
             print(f"{archive}: {len(manifest['files'])} finished job outputs")
         else:
-            done = restore(archive, workdir)
+            done = restore_jobs(archive, workdir)
             print(f"{archive}: restored {len(done['restored'])} job outputs into {workdir}, kept "
                   f"{len(done['kept'])} already there, left out {len(done['stale'])} whose rule's script changed "
                   "since (their jobs run again)")

@@ -9,12 +9,12 @@ tools/audit_by_identity.sh does). Restoring copies them back, checked against th
 modification time set to now: a restored output is then newer than every input built before it, and Snakemake treats
 its job as done unless its params, input list or rule changed (then it runs again, as it would have on the original
 machine). Snakemake notices a changed `script:` by its modification time, which a restored output would hide, so
-``restore`` leaves out (as stale) every output whose rule's script differs from the commit checked out where it was
+``restore_jobs`` leaves out (as stale) every output whose rule's script differs from the commit checked out where it was
 archived.
 
 Snakemake reruns every job that consumes the output of a job it runs, so the inputs the archived jobs share with
 jobs still to run (the selection, the verification threshold, the original model's evaluation of each identity)
-must be built *before* restoring and before the resumed run; ``restore`` refuses while one of them is missing and
+must be built *before* restoring and before the resumed run; ``restore_jobs`` refuses while one of them is missing and
 names them. Inputs private to one archived job (the archive's ``private`` globs: for the audit, its run's unlearned
 model and evaluation) may stay missing: no other job asks for them.
 """
@@ -96,10 +96,10 @@ def finished_outputs(workdir: Path, patterns) -> list[str]:
     return sorted(found)
 
 
-def save(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, private=()) -> dict:
+def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, private=()) -> dict:
     """Add every finished output of ``workdir`` matching ``patterns`` to ``archive`` (created if absent; files
     already there are replaced by the newer run's). ``private``: globs of inputs that belong to one archived job
-    alone (restore lets them be missing). Returns the manifest."""
+    alone (restore_jobs lets them be missing). Returns the manifest."""
     workdir, archive = Path(workdir), Path(archive)
     manifest = read_json(archive / MANIFEST) if (archive / MANIFEST).is_file() else {"files": {}}
     manifest["private"] = sorted(set(manifest.get("private", [])) | set(private))
@@ -138,7 +138,7 @@ def shared_inputs(archive: Path, manifest: dict) -> list[str]:
 
 
 def inputs_to_build(archive: str | os.PathLike, workdir: str | os.PathLike, manifest: dict | None = None) -> list[str]:
-    """The shared inputs of the archived jobs not yet in ``workdir``: the targets to build before ``restore``
+    """The shared inputs of the archived jobs not yet in ``workdir``: the targets to build before ``restore_jobs``
     (``manifest``: the archive's, when already read)."""
     archive, workdir = Path(archive), Path(workdir)
     manifest = manifest or _read_manifest(archive)
@@ -172,7 +172,7 @@ def script_changed(workdir: Path, checkout: str | None, script: str | None) -> b
     return proc.returncode == 1
 
 
-def restore(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
+def restore_jobs(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict:
     """Copy the archive's files and metadata records into ``workdir``, each checked against its sha256,
     modification times set to now. A different file already in ``workdir`` is kept (that machine's own run of the
     job); one whose rule's script changed since it was archived is left out (stale). Returns {"restored": [...],
