@@ -14,6 +14,15 @@ REPO = Path(__file__).resolve().parents[1]
 ASSET_CACHE = Path(os.environ.get("IDUNLEARN_ASSET_CACHE", REPO / "data" / "assets"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`): the tests that read the shared two_runs
+    pipelines go to one worker, in their order (they rerun and extend the runs one after another), and every other
+    module's tests stay together, so that a module's fixtures are built once."""
+    for item in items:
+        group = "two_runs" if "two_runs" in item.fixturenames else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def default_config() -> dict:
     return load_config(REPO / "config" / "config.yaml")
