@@ -39,6 +39,11 @@ def snakemake(workdir: Path, *args: str) -> str:
     return proc.stdout + proc.stderr
 
 
+def copied(done: dict) -> dict:
+    """What restore_jobs did with the archived files (without its report on the shared inputs)."""
+    return {key: done[key] for key in ("restored", "kept", "stale")}
+
+
 def workdir(root: Path, name: str) -> Path:
     folder = root / name
     folder.mkdir()
@@ -66,7 +71,8 @@ def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
 
     snakemake(second, "res/shared.txt")
     assert inputs_to_build(archive, second) == []
-    assert restore_jobs(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
+    assert restore_jobs(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": [], "differ": [],
+                                              "mixed": []}
     plan = snakemake(second, "-n", "all")
     assert "output: res/audit/2.txt" in plan
     assert "output: res/audit/1.txt" not in plan and "output: res/private/1.txt" not in plan
@@ -77,11 +83,11 @@ def test_restored_jobs_are_skipped_and_shared_inputs_come_first(tmp_path):
     # the carried metadata still makes Snakemake rerun a job whose params changed
     assert "output: res/audit/1.txt" in snakemake(second, "--config", "level=2", "-n", "all")
     # restoring again gives the same file the current time (it must not fall behind other restored files)
-    assert restore_jobs(archive, second) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
+    assert copied(restore_jobs(archive, second)) == {"restored": ["res/audit/1.txt"], "kept": [], "stale": []}
     # a different output there is that machine's own run of the job: kept
     snakemake(second, "res/audit/1.txt", "--forcerun", "audit")
     own = (second / "res/audit/1.txt").read_text()
-    assert restore_jobs(archive, second) == {"restored": [], "kept": ["res/audit/1.txt"], "stale": []}
+    assert copied(restore_jobs(archive, second)) == {"restored": [], "kept": ["res/audit/1.txt"], "stale": []}
     assert (second / "res/audit/1.txt").read_text() == own
 
 
@@ -173,5 +179,28 @@ rule scripted:
     assert restore_jobs(archive, second)["restored"] == ["res/scripted/1.txt"]
     (second / "res" / "scripted" / "1.txt").unlink()
     (second / "scripts" / "write.py").write_text("open(snakemake.output[0], 'w').write('second version')\n")
-    assert restore_jobs(archive, second) == {"restored": [], "kept": [], "stale": ["res/scripted/1.txt"]}
+    assert copied(restore_jobs(archive, second)) == {"restored": [], "kept": [], "stale": ["res/scripted/1.txt"]}
     assert "output: res/scripted/1.txt" in snakemake(second, "-n", "res/scripted/1.txt")
+
+
+def test_shared_inputs_that_differ_from_those_the_archived_jobs_read_are_named(tmp_path):
+    """Another machine's build of a shared input need not be bit-identical: the manifest records the version each
+    saved job read, and restoring names the shared inputs here that match none of them, and those read in more than
+    one version."""
+    first, second, archive = workdir(tmp_path, "first"), workdir(tmp_path, "second"), tmp_path / "archive"
+    snakemake(first, "res/audit/1.txt")
+    manifest = save_jobs(first, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    assert list(manifest["shared_inputs"]) == ["res/shared.txt"]  # a private input is not recorded
+    snakemake(second, "res/shared.txt")
+    done = restore_jobs(archive, second)
+    assert done["restored"] == ["res/audit/1.txt"] and done["differ"] == [] and done["mixed"] == []
+
+    (second / "res" / "shared.txt").write_text("shared, as built on another machine\n")
+    done = restore_jobs(archive, second)
+    assert done["restored"] == ["res/audit/1.txt"] and done["differ"] == ["res/shared.txt"] and done["mixed"] == []
+    # a job run here reads this version: saving it records a second one
+    snakemake(second, "res/audit/2.txt")
+    manifest = save_jobs(second, archive, ["res/audit/*.txt"], private=["res/private/*"])
+    assert len(manifest["shared_inputs"]["res/shared.txt"]) == 2
+    done = restore_jobs(archive, second)
+    assert done["differ"] == [] and done["mixed"] == ["res/shared.txt"]

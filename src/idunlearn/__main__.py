@@ -85,6 +85,12 @@ def archive_command(action: str, archive: str, results: str, workdir: str) -> No
             print(f"{archive}: restored {len(done['restored'])} job outputs into {workdir}, kept "
                   f"{len(done['kept'])} already there, left out {len(done['stale'])} whose rule's script changed "
                   "since (their jobs run again)")
+            for key, what in (("differ", "differ here from every version the archived jobs read"),
+                              ("mixed", "were read by the archived jobs in more than one version")):
+                if done[key]:
+                    print(f"{len(done[key])} shared inputs {what} (built on another machine: tables that mix "
+                          f"these jobs can differ in the last digits; docs/audit.md): {' '.join(done[key][:5])}"
+                          + (" ..." if len(done[key]) > 5 else ""))
     except ArchiveError as err:
         sys.exit(f"archive {action}: {err}\nFor the audit, `snakemake audit_inputs --cores 2 --configfile <the run's "
                  "config files>` builds them all.")

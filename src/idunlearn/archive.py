@@ -17,6 +17,11 @@ jobs still to run (the selection, the verification threshold, the original model
 must be built *before* restoring and before the resumed run; ``restore_jobs`` refuses while one of them is missing and
 names them. Inputs private to one archived job (the archive's ``private`` globs: for the audit, its run's unlearned
 model and evaluation) may stay missing: no other job asks for them.
+
+Shared inputs rebuilt on another machine need not be bit-identical (face embeddings differ in the sixth decimal
+between CPUs), so the manifest records the sha256 of every shared input that the archived jobs read, each version
+seen (``shared_inputs``), and ``restore_jobs`` names the ones that differ here: a table then mixes jobs that read
+different inputs and can differ in its last digits from a run made on one machine.
 """
 
 from __future__ import annotations
@@ -108,11 +113,13 @@ def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, 
         raise ArchiveError(f"no finished output under {workdir} matches {list(patterns)}: nothing to archive "
                            "(run the workflow there first, or check --results)")
     commit = _git_commit(workdir)
+    saved_records = set()
     for rel in paths:
         digest = sha256_file(workdir / rel)
         if manifest["files"].get(rel, {}).get("sha256") == digest:
             continue  # archived already (or restored from it): keep its provenance
         record = _metadata_record(workdir, rel)
+        saved_records.add(record)
         for source, target in ((workdir / rel, archive / "files" / rel),
                                (workdir / ".snakemake" / "metadata" / record, archive / "metadata" / record)):
             with atomic_path(target) as tmp:
@@ -121,9 +128,23 @@ def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, 
         manifest["files"][rel] = {"sha256": digest, "bytes": (workdir / rel).stat().st_size, "metadata": record,
                                   "checkout": commit, "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                                              time.gmtime(ended)) if ended else None}
+    seen = manifest.setdefault("shared_inputs", {})
+    for path, digest in _shared_input_digests(workdir, archive, manifest, saved_records).items():
+        if digest not in seen.setdefault(path, []):
+            seen[path].append(digest)
     manifest["saved"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_json(manifest, archive / MANIFEST)
     return manifest
+
+
+def _shared_input_digests(workdir: Path, archive: Path, manifest: dict, records) -> dict[str, str]:
+    """sha256 in ``workdir`` of the shared inputs read by the jobs of the metadata ``records`` (folders, such as
+    installed models, are left out)."""
+    read = set()
+    for record in records:
+        read.update(read_json(archive / "metadata" / record).get("input") or [])
+    return {p: sha256_file(workdir / p) for p in sorted(read.intersection(shared_inputs(archive, manifest)))
+            if (workdir / p).is_file()}
 
 
 def shared_inputs(archive: Path, manifest: dict) -> list[str]:
@@ -176,8 +197,9 @@ def restore_jobs(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict
     """Copy the archive's files and metadata records into ``workdir``, each checked against its sha256,
     modification times set to now. A different file already in ``workdir`` is kept (that machine's own run of the
     job); one whose rule's script changed since it was archived is left out (stale). Returns {"restored": [...],
-    "kept": [...], "stale": [...]}; raises ArchiveError, before copying anything, on a damaged archive or while a
-    shared input is missing."""
+    "kept": [...], "stale": [...], "differ": [...], "mixed": [...]}: ``differ`` the shared inputs here whose sha256
+    is none that the archived jobs read, ``mixed`` those the archived jobs read in more than one version; raises ArchiveError, before copying anything, on a damaged archive or while a shared input
+    is missing."""
     archive, workdir = Path(archive), Path(workdir)
     manifest = _read_manifest(archive)
     entries = manifest["files"]
@@ -194,7 +216,10 @@ def restore_jobs(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict
                            "run would build them and so run the archived jobs again. Build them first (with the "
                            "archived run's --configfile), then restore: " + " ".join(missing))
     now = time.time()
-    done = {"restored": [], "kept": [], "stale": []}
+    seen = sorted(manifest.get("shared_inputs", {}).items())
+    done = {"restored": [], "kept": [], "stale": [],
+            "differ": [p for p, digests in seen if (workdir / p).is_file() and sha256_file(workdir / p) not in digests],
+            "mixed": [p for p, digests in seen if len(digests) > 1]}
     for rel, entry in sorted(entries.items()):
         target = workdir / rel
         record = read_json(archive / "metadata" / entry["metadata"])
