@@ -37,6 +37,31 @@ def _shared_arguments(parser: argparse.ArgumentParser, preset: str, preset_help:
     return parser
 
 
+def _device(args: argparse.Namespace) -> str:
+    """Applies --threads; --device, else cuda when there is one."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _write_result(result: dict, args: argparse.Namespace, device: str, name: str, suffix: str = "") -> Path:
+    """``result`` with the command line and arguments, to --output or results/benchmarks/<name>_<preset>_<device
+    type>_<dtype><suffix>_<time>.json."""
+    import torch
+
+    from .io import write_json
+
+    result["command"] = shlex.join(sys.orig_argv)  # the interpreter's own command line
+    result["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    output = args.output or Path("results/benchmarks") / (
+        f"{name}_{args.preset}_{torch.device(device).type}_{args.dtype}{suffix}_{stamp}.json")
+    write_json(result, output)
+    return output
+
+
 def add_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _shared_arguments(parser, "paper", "paper: real-size UNet, batch 32+32, 400 steps projected; tiny: CPU-sized model; offline: the "
                       "shipped mini Arc2Face's architecture, batch 8+8, 200 steps projected",
@@ -50,24 +75,13 @@ def add_benchmark_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 
 def run_benchmark(args: argparse.Namespace) -> Path:
-    import torch
-
     from .benchmarks import benchmark_preset
-    from .io import write_json
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args)
     result = benchmark_preset(args.preset, args.steps, device, args.dtype, args.compile, warmup=args.warmup,
                               forget_batch=args.forget_batch, retain_batch=args.retain_batch, regime=args.regime,
                               projected_steps=args.projected_steps, seed=args.seed, profile_steps=args.profile_steps)
-    result["command"] = shlex.join(sys.orig_argv)  # the interpreter's own command line
-    result["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    suffix = "_compiled" if args.compile else ""
-    output = args.output or Path("results/benchmarks") / (
-        f"piu_{args.preset}_{torch.device(device).type}_{args.dtype}{suffix}_{stamp}.json")
-    write_json(result, output)
+    output = _write_result(result, args, device, "piu", "_compiled" if args.compile else "")
     print(f"{args.preset} on {result['machine']['device_name']}: {result['seconds_per_step']:.3f} s/step, "
           f"{result['projected_seconds_per_identity'] / 60:.1f} min per identity ({result['projected_steps']} steps), "
           f"{result['achieved_tflops']:.3f} TFLOP/s (dense matmul here: {result['reference_matmul_tflops']:.3f}), "
@@ -94,24 +108,14 @@ def add_optimiser_benchmark_arguments(parser: argparse.ArgumentParser) -> argpar
 
 
 def run_optimiser_benchmark(args: argparse.Namespace) -> Path:
-    import torch
-
     from .benchmarks import OPTIMISER_COMPARISON, benchmark_optimisers_preset
-    from .io import write_json
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = _device(args)
     optimisers = tuple(args.optimisers or OPTIMISER_COMPARISON)
     result = benchmark_optimisers_preset(args.preset, args.steps, device, args.dtype, optimisers,
                                          warmup=args.warmup, forget_batch=args.forget_batch,
                                          retain_batch=args.retain_batch, regime=args.regime, seed=args.seed)
-    result["command"] = shlex.join(sys.orig_argv)
-    result["arguments"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    output = args.output or Path("results/benchmarks") / (
-        f"optimisers_{args.preset}_{torch.device(device).type}_{args.dtype}_{stamp}.json")
-    write_json(result, output)
+    output = _write_result(result, args, device, "optimisers")
     print(f"{args.preset} on {result['machine']['device_name']}, {result['timed_steps']} timed steps each; "
           f"memory: {result['memory_source']}")
     for name, row in result["optimisers"].items():

@@ -13,7 +13,6 @@ run's targets against that run).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from ..evaluation.statistics import bootstrap_mean, bootstrap_pooled, holm, paired_with
@@ -74,7 +73,6 @@ def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, re
                 record.update({f"{side}_{k}": v for k, v in paired_with(values, run, other, seed).items()})
             records.append(record)
     out = pd.DataFrame.from_records(records).reindex(columns=TARGET_COLUMNS)
-    for side in AGAINST:
-        for _, part in out.groupby("run"):  # Holm over the run's targets against that run
-            out.loc[part.index, f"{side}_p_holm"] = holm(part[f"{side}_p_wilcoxon"].to_numpy(np.float64))
+    for side in AGAINST:  # Holm over the run's targets against that run
+        out[f"{side}_p_holm"] = out.groupby("run")[f"{side}_p_wilcoxon"].transform(holm)
     return out

@@ -245,9 +245,7 @@ def reference_comparisons(table: pd.DataFrame, reference: str | None, seed: int)
     compared = paired_comparisons(table, reference, seed)
     if compared.empty:
         return pd.DataFrame(columns=REFERENCE_COLUMNS)
-    compared["p_holm"] = np.nan
-    for _, part in compared.groupby("run"):
-        compared.loc[part.index, "p_holm"] = holm(part["p_wilcoxon"].to_numpy())
+    compared["p_holm"] = compared.groupby("run")["p_wilcoxon"].transform(holm)  # Holm over the run's measures
     compared["finding"] = np.select(
         [compared["t_low"].isna(), compared["t_low"] > 0, compared["t_high"] < 0],
         ["no interval (fewer than 2 identities)", "above", "below"], "as the reference")

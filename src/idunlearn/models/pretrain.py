@@ -72,7 +72,7 @@ def pretrain(generator: IdentityGenerator, images: torch.Tensor, embeddings: tor
             for p_ema, p in zip(ema.parameters(), generator.parameters()):
                 p_ema.lerp_(p, 1 - cfg["ema_decay"])
         step += 1
-        row = {"step": step, "loss": float(loss), "seconds": time.perf_counter() - start}
+        row = {"step": step, "loss": float(loss.detach()), "seconds": time.perf_counter() - start}
         if monitor and (step % cfg["monitor_every"] == 0 or step == cfg["steps"]):
             row.update(monitor(ema, step))
             log.info("step %d: %s", step, row)
