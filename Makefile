@@ -29,7 +29,7 @@ run: assets
 	@echo "Tables: results/tables/metrics.csv, results/tables/summary.csv; report: $(REPORT)"
 
 test: assets
-	$(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q --durations=25 -n 2
 
 lint: setup
 	$(BIN)/snakemake --lint --configfile $(CONFIG)
