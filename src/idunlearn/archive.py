@@ -198,8 +198,8 @@ def restore_jobs(archive: str | os.PathLike, workdir: str | os.PathLike) -> dict
     modification times set to now. A different file already in ``workdir`` is kept (that machine's own run of the
     job); one whose rule's script changed since it was archived is left out (stale). Returns {"restored": [...],
     "kept": [...], "stale": [...], "differ": [...], "mixed": [...]}: ``differ`` the shared inputs here whose sha256
-    is none that the archived jobs read, ``mixed`` those the archived jobs read in more than one version; raises ArchiveError, before copying anything, on a damaged archive or while a shared input
-    is missing."""
+    is none that the archived jobs read, ``mixed`` those the archived jobs read in more than one version. Raises
+    ArchiveError, before copying anything, on a damaged archive or while a shared input is missing."""
     archive, workdir = Path(archive), Path(workdir)
     manifest = _read_manifest(archive)
     entries = manifest["files"]
