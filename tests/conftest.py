@@ -26,6 +26,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in TWO_RUNS_MODULES)  # stable: each module's order
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without xdist (`-p no:xdist`, or not installed) runs too
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
