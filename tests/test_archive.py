@@ -204,3 +204,29 @@ def test_shared_inputs_that_differ_from_those_the_archived_jobs_read_are_named(t
     assert len(manifest["shared_inputs"]["res/shared.txt"]) == 2
     done = restore_jobs(archive, second)
     assert done["differ"] == [] and done["mixed"] == ["res/shared.txt"]
+
+
+def test_a_private_input_is_archived_until_the_job_reading_it_is(tmp_path):
+    """Stopped after an unlearning job and before its audit, the run continues elsewhere with the audit: the
+    unlearned model (here res/private/2.txt) is archived while its audit is pending and dropped once it is archived."""
+    first, second, archive = workdir(tmp_path, "first"), workdir(tmp_path, "second"), tmp_path / "archive"
+    pending = [("res/private/{i}.txt", "res/audit/{i}.txt")]
+    snakemake(first, "res/audit/1.txt", "res/private/2.txt")
+    manifest = save_jobs(first, archive, ["res/audit/*.txt"], private=["res/private/*"], pending=pending)
+    # private/1 is not kept: its audit is archived
+    assert {rel: entry.get("until") for rel, entry in manifest["files"].items()} == {
+        "res/audit/1.txt": None, "res/private/2.txt": "res/audit/2.txt"}
+
+    snakemake(second, "res/shared.txt")
+    assert restore_jobs(archive, second)["restored"] == ["res/audit/1.txt", "res/private/2.txt"]
+    plan = snakemake(second, "-n", "all")
+    assert "output: res/audit/2.txt" in plan and "output: res/private/2.txt" not in plan
+    snakemake(second, "all")
+    assert (second / "res/private/2.txt").read_text() == (first / "res/private/2.txt").read_text()
+
+    record = manifest["files"]["res/private/2.txt"]["metadata"]
+    manifest = save_jobs(second, archive, ["res/audit/*.txt"], private=["res/private/*"], pending=pending)
+    assert sorted(manifest["files"]) == ["res/audit/1.txt", "res/audit/2.txt"]
+    assert not (archive / "files" / "res" / "private" / "2.txt").exists()
+    assert not (archive / "metadata" / record).exists()
+    assert json.loads((archive / "MANIFEST.json").read_text())["files"] == manifest["files"]

@@ -71,15 +71,18 @@ def docs_command(results: str, root: str) -> None:
 def archive_command(action: str, archive: str, results: str, workdir: str) -> None:
     """Carry the audit's finished jobs to another machine: `save` adds them to the archive folder, `restore` puts
     them back (after `snakemake audit_inputs`) so that the resumed run skips them."""
-    from .archive import AUDIT_PATTERNS, AUDIT_PRIVATE, ArchiveError, restore_jobs, save_jobs
+    from .archive import AUDIT_PATTERNS, AUDIT_PENDING, AUDIT_PRIVATE, ArchiveError, restore_jobs, save_jobs
 
     def expand(patterns):
-        return [p.format(results=results) for p in patterns]
+        return [p.replace("{results}", results) for p in patterns]
 
     try:
         if action == "save":
-            manifest = save_jobs(workdir, archive, expand(AUDIT_PATTERNS), expand(AUDIT_PRIVATE))
-            print(f"{archive}: {len(manifest['files'])} finished job outputs")
+            manifest = save_jobs(workdir, archive, expand(AUDIT_PATTERNS), expand(AUDIT_PRIVATE),
+                                 [tuple(expand(pair)) for pair in AUDIT_PENDING])
+            waiting = sum("until" in entry for entry in manifest["files"].values())
+            print(f"{archive}: {len(manifest['files']) - waiting} finished job outputs, {waiting} inputs of jobs "
+                  "not finished yet (kept until they are)")
         else:
             done = restore_jobs(archive, workdir)
             print(f"{archive}: restored {len(done['restored'])} job outputs into {workdir}, kept "

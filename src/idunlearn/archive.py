@@ -18,6 +18,10 @@ must be built *before* restoring and before the resumed run; ``restore_jobs`` re
 names them. Inputs private to one archived job (the archive's ``private`` globs: for the audit, its run's unlearned
 model and evaluation) may stay missing: no other job asks for them.
 
+A job's private inputs are archived while the job itself has not finished (``pending``: an unlearned model and its
+evaluation's images before their audit job ends), so that a run stopped between the two continues elsewhere with the
+audit instead of redoing the unlearning; once the job's own output is archived they are dropped again.
+
 Shared inputs rebuilt on another machine need not be bit-identical (face embeddings differ in the sixth decimal
 between CPUs), so the manifest records the sha256 of every shared input that the archived jobs read, each version
 seen (``shared_inputs``), and ``restore_jobs`` names the ones that differ here: a table then mixes jobs that read
@@ -53,6 +57,11 @@ AUDIT_PATTERNS = ("{results}/audit/before/*/rows.parquet", "{results}/audit/afte
 # fnmatch's * also matches '/'. The tuning's own jobs are private to its choice, which the archive holds.
 AUDIT_PRIVATE = ("{results}/unlearning/*", "{results}/evaluation/after/*", "{results}/evaluation/external/*",
                  "{results}/tuning/*")
+# Private inputs archived until the job that reads them is (pattern, that job's output; {run} and {identity} stand
+# for one path component each): every output of the unlearning job and of its evaluation, until its audit's rows.
+AUDIT_PENDING = (("{results}/unlearning/{run}/{identity}/*", "{results}/audit/after/{run}/{identity}/rows.parquet"),
+                 ("{results}/evaluation/after/{run}/{identity}/*",
+                  "{results}/audit/after/{run}/{identity}/rows.parquet"))
 
 
 class ArchiveError(RuntimeError):
@@ -101,10 +110,36 @@ def finished_outputs(workdir: Path, patterns) -> list[str]:
     return sorted(found)
 
 
-def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, private=()) -> dict:
+def _template_regex(template: str) -> tuple[str, re.Pattern]:
+    """A path ``template`` whose {name} placeholders stand for one path component each, as a glob and as a regex
+    that captures them (a ``*`` in the template matches one component too)."""
+    parts = re.split(r"\{(\w+)\}", template)
+    glob = "".join("*" if i % 2 else part for i, part in enumerate(parts))
+    regex = "".join(f"(?P<{part}>[^/]+)" if i % 2 else re.escape(part).replace(r"\*", "[^/]+")
+                    for i, part in enumerate(parts))
+    return glob, re.compile(regex + "$")
+
+
+def pending_outputs(workdir: Path, pending, done) -> dict[str, str]:
+    """Finished outputs matching a ``pending`` pattern whose job's output (its pair's template) is not in ``done``:
+    {output: the job's output it waits for}."""
+    waiting = {}
+    for pattern, until in pending:
+        glob, regex = _template_regex(pattern)
+        for rel in finished_outputs(workdir, [glob]):
+            match = regex.match(rel)
+            consumer = until.format(**match.groupdict()) if match else None
+            if consumer and consumer not in done:
+                waiting[rel] = consumer
+    return waiting
+
+
+def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, private=(), pending=()) -> dict:
     """Add every finished output of ``workdir`` matching ``patterns`` to ``archive`` (created if absent; files
     already there are replaced by the newer run's). ``private``: globs of inputs that belong to one archived job
-    alone (restore_jobs lets them be missing). Returns the manifest."""
+    alone (restore_jobs lets them be missing). ``pending``: (pattern, output) pairs of such inputs archived until
+    the job that reads them has finished (its ``output``, the pattern's {placeholders} filled in, is archived);
+    those archived before are dropped then. Returns the manifest."""
     workdir, archive = Path(workdir), Path(archive)
     manifest = read_json(archive / MANIFEST) if (archive / MANIFEST).is_file() else {"files": {}}
     manifest["private"] = sorted(set(manifest.get("private", [])) | set(private))
@@ -112,9 +147,11 @@ def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, 
     if not paths:
         raise ArchiveError(f"no finished output under {workdir} matches {list(patterns)}: nothing to archive "
                            "(run the workflow there first, or check --results)")
+    done = {rel for rel, entry in manifest["files"].items() if "until" not in entry} | set(paths)
+    waiting = {rel: until for rel, until in pending_outputs(workdir, pending, done).items() if rel not in done}
     commit = _git_commit(workdir)
     saved_records = set()
-    for rel in paths:
+    for rel in [*paths, *waiting]:
         digest = sha256_file(workdir / rel)
         if manifest["files"].get(rel, {}).get("sha256") == digest:
             continue  # archived already (or restored from it): keep its provenance
@@ -128,6 +165,9 @@ def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, 
         manifest["files"][rel] = {"sha256": digest, "bytes": (workdir / rel).stat().st_size, "metadata": record,
                                   "checkout": commit, "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                                              time.gmtime(ended)) if ended else None}
+        if rel in waiting:
+            manifest["files"][rel]["until"] = waiting[rel]
+    _drop_finished_pending(archive, manifest)
     seen = manifest.setdefault("shared_inputs", {})
     for path, digest in _shared_input_digests(workdir, archive, manifest, saved_records).items():
         if digest not in seen.setdefault(path, []):
@@ -135,6 +175,18 @@ def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, 
     manifest["saved"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_json(manifest, archive / MANIFEST)
     return manifest
+
+
+def _drop_finished_pending(archive: Path, manifest: dict) -> None:
+    """Remove from ``archive`` the pending files whose job's output it now holds, with their metadata records (the
+    manifest is written by the caller; a file left behind by a crash before that is only unlisted)."""
+    finished = [rel for rel, entry in manifest["files"].items() if entry.get("until") in manifest["files"]
+                and "until" not in manifest["files"][entry["until"]]]
+    for rel in finished:
+        record = manifest["files"].pop(rel)["metadata"]
+        (archive / "files" / rel).unlink(missing_ok=True)
+        if all(entry["metadata"] != record for entry in manifest["files"].values()):
+            (archive / "metadata" / record).unlink(missing_ok=True)
 
 
 def _shared_input_digests(workdir: Path, archive: Path, manifest: dict, records) -> dict[str, str]:
