@@ -234,11 +234,12 @@ def reference_generator_folder():
 
 def external_identity_pairs():
     """(external model, forget identity) of every external evaluation; the identities must be selected ones
-    (``selection``: all of them)."""
+    (``selection``: all of them; {first: n}: the first n, as an unlearning run's ``n_identities``)."""
     identities, pairs = forget_identities(), []
     for index, entry in enumerate(config["evaluation"]["external"]):
-        if entry["identities"] == "selection":
-            pairs += [(entry["name"], identity) for identity in identities]
+        if entry["identities"] == "selection" or isinstance(entry["identities"], dict):
+            first = len(identities) if entry["identities"] == "selection" else entry["identities"]["first"]
+            pairs += [(entry["name"], identity) for identity in identities[:first]]
             continue
         unknown = sorted(set(entry["identities"]) - set(identities))
         if unknown:

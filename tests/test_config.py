@@ -42,8 +42,7 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
         for run in ("piu_100", "piu_meta"):
             assert run_config(cfg, run)["n_identities"] == 6 and job_run_settings(cfg, run) == job_run_settings(full,
                                                                                                                 run)
-        assert [(e["name"], e["generator"], len(e["identities"])) for e in cfg["evaluation"]["external"]] == \
-            [("retrain", "reference", 6)]
+        assert cfg["evaluation"]["external"] == [{"name": "retrain", "generator": "reference", "identities": {"first": 6}}]
     elif "robust.yaml" in overlays:
         assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
         assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "uce.tuned", "esd.tuned",
