@@ -36,13 +36,14 @@ def overlaid(overlays: list[str]) -> dict:
                                       ["request.yaml"]])
 def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     cfg = overlaid(overlays)
-    if "robust-pilot.yaml" in overlays:  # the first 6 identities of the full overlay, with the same jobs
+    if "robust-pilot.yaml" in overlays:  # the first 10 identities of the full overlay, with the same jobs
         full = overlaid(["study.yaml", "robust.yaml"])
         assert cfg["audit"]["runs"] == ["piu_100", "piu_meta", "retrain"]
         for run in ("piu_100", "piu_meta"):
-            assert run_config(cfg, run)["n_identities"] == 6 and job_run_settings(cfg, run) == job_run_settings(full,
+            assert run_config(cfg, run)["n_identities"] == 10 and job_run_settings(cfg, run) == job_run_settings(full,
                                                                                                                 run)
-        assert cfg["evaluation"]["external"] == [{"name": "retrain", "generator": "reference", "identities": {"first": 6}}]
+        assert cfg["evaluation"]["external"] == [{"name": "retrain", "generator": "reference",
+                                                  "identities": {"first": 10}}]
     elif "robust.yaml" in overlays:
         assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
         assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "uce.tuned", "esd.tuned",
