@@ -127,9 +127,8 @@ def pending_outputs(workdir: Path, pending, done) -> dict[str, str]:
     for pattern, until in pending:
         glob, regex = _template_regex(pattern)
         for rel in finished_outputs(workdir, [glob]):
-            match = regex.match(rel)
-            consumer = until.format(**match.groupdict()) if match else None
-            if consumer and consumer not in done:
+            consumer = until.format(**regex.match(rel).groupdict())
+            if consumer not in done:
                 waiting[rel] = consumer
     return waiting
 
