@@ -121,14 +121,14 @@ def _template_regex(template: str) -> tuple[str, re.Pattern]:
 
 
 def pending_outputs(workdir: Path, pending, done) -> dict[str, str]:
-    """Finished outputs matching a ``pending`` pattern whose job's output (its pair's template) is not in ``done``:
-    {output: the job's output it waits for}."""
+    """Finished outputs matching a ``pending`` pattern, themselves not in ``done``, whose job's output (its pair's
+    template) is not in ``done`` either: {output: the job's output it waits for}."""
     waiting = {}
     for pattern, until in pending:
         glob, regex = _template_regex(pattern)
         for rel in finished_outputs(workdir, [glob]):
             consumer = until.format(**regex.match(rel).groupdict())
-            if consumer not in done:
+            if rel not in done and consumer not in done:
                 waiting[rel] = consumer
     return waiting
 
@@ -147,7 +147,7 @@ def save_jobs(workdir: str | os.PathLike, archive: str | os.PathLike, patterns, 
         raise ArchiveError(f"no finished output under {workdir} matches {list(patterns)}: nothing to archive "
                            "(run the workflow there first, or check --results)")
     done = {rel for rel, entry in manifest["files"].items() if "until" not in entry} | set(paths)
-    waiting = {rel: until for rel, until in pending_outputs(workdir, pending, done).items() if rel not in done}
+    waiting = pending_outputs(workdir, pending, done)
     commit = _git_commit(workdir)
     saved_records = set()
     for rel in [*paths, *waiting]:
