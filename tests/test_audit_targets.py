@@ -63,6 +63,24 @@ def test_each_target_reads_the_mean_says_by_how_much_it_misses_and_pairs_with_bo
     assert pd.isna(out.loc[("retrain", "inversion attack success"), "reference_run"])
 
 
+def test_recovery_targets_also_give_the_mean_over_the_identities_the_run_forgot(table):
+    # meta did not forget identity 3 (its recovery 0.6); retrain forgot every identity
+    verdicts = pd.DataFrame({"run": ["meta"] * 6 + ["retrain"] * 6, "identity": IDENTITIES * 2,
+                             "verdict": ["not forgotten"] + ["hidden", "removed"] * 2 + ["undetermined"]
+                             + ["removed"] * 6})
+    out = audit_targets(table, TARGETS, "piu_100", "retrain", seed=0, verdicts=verdicts).set_index(["run", "target"])
+    recovery = out.loc[("meta", "relearning recovery, lr_x1, 50 steps")]
+    assert recovery["forgotten_n"] == 5
+    assert recovery["forgotten_mean"] == pytest.approx(np.mean([0.3, 0.3, 0.4, 0.5, 0.3]))
+    assert recovery["forgotten_ci_low"] <= recovery["forgotten_mean"] <= recovery["forgotten_ci_high"]
+    assert recovery["mean"] == pytest.approx(0.4) and not recovery["met"]  # met still reads every identity
+    assert out.loc[("retrain", "relearning recovery, lr_x1, 50 steps"), "forgotten_n"] == 6
+    # a run without verdicts (piu_100 here) forgot none that the verdicts know of; other targets have no such mean
+    assert out.loc[("piu_100", "relearning recovery, lr_x1, 50 steps"), "forgotten_n"] == 0
+    assert pd.isna(out.loc[("meta", "held-out embedding attack success"), "forgotten_n"])
+    assert audit_targets(table, TARGETS, "piu_100", "retrain", seed=0)["forgotten_n"].isna().all()
+
+
 def test_holm_runs_over_each_runs_targets_against_each_run(table):
     out = audit_targets(table, TARGETS, "piu_100", "retrain", seed=0)
     for (run, side), part in ((key, out[out["run"] == key[0]]) for key in
@@ -94,10 +112,14 @@ def test_default_targets_are_the_documented_ones():
 
 def test_docs_block_states_each_target_and_by_how_much_it_is_missed(table, tmp_path):
     (tmp_path / "tables").mkdir()
-    audit_targets(table, TARGETS, "piu_100", "retrain", seed=0).to_csv(tmp_path / "tables" / "audit_targets.csv",
-                                                                      index=False)
+    verdicts = pd.DataFrame({"run": ["meta"] * 6, "identity": IDENTITIES,
+                             "verdict": ["not forgotten"] * 2 + ["removed"] * 4})
+    audit_targets(table, TARGETS, "piu_100", "retrain", seed=0, verdicts=verdicts).to_csv(
+        tmp_path / "tables" / "audit_targets.csv", index=False)
     text = render_audit_targets(tmp_path, "meta")
     assert "| `meta` | relearning recovery, lr_x1, 50 steps | <= 0.300 | 6 | 0.400 (" in text
+    assert "| 4: 0.375 (0.300 to " in text  # recovery on 8, 13, 21 and 34: 0.3, 0.4, 0.5, 0.3
+    assert "| met | - |" in text  # the attack target has no such mean
     assert "| missed by 0.100 |" in text and "| met |" in text
     assert ">= 0.950" in text and "minus `piu_100`" in text and "minus `retrain`" in text
     assert "`retrain` |" not in text.split("\n", 2)[2]  # only the listed run's rows

@@ -226,8 +226,9 @@ def _against(row, side: str, columns: tuple[str, str, str] = ("mean_diff", "t_lo
 
 def render_audit_targets(results: Path, argument: str | None) -> str:
     """Per listed run (``tables/audit_targets.csv``): each removal target under the held-out attacks with the run's
-    mean (95% identity-bootstrap interval), whether the mean meets it and by how much it misses, and the run minus
-    compare_to and minus the never-trained reference (Student-t interval, Holm-corrected Wilcoxon p)."""
+    mean (95% identity-bootstrap interval), whether the mean meets it and by how much it misses, a recovery target's
+    mean over the identities the run forgot, and the run minus compare_to and minus the never-trained reference
+    (Student-t interval, Holm-corrected Wilcoxon p)."""
     table = _read(results, "tables", "audit_targets.csv")
     runs = _runs(argument) or sorted(table["run"].unique())
     _require_runs(table, runs, "tables/audit_targets.csv")
@@ -235,12 +236,16 @@ def render_audit_targets(results: Path, argument: str | None) -> str:
     for row in (r for run in runs for r in table[table["run"] == run].to_dict("records")):  # grouped by run
         sign = ">=" if row["kind"] == "retain_ratio" else "<="
         status = "met" if row["met"] else f"missed by {number(abs(row['margin']))}"
+        forgotten = ("-" if pd.isna(row.get("forgotten_n")) else f"{int(row['forgotten_n'])}: " + (
+            interval(row["forgotten_mean"], row["forgotten_ci_low"], row["forgotten_ci_high"])
+            if row["forgotten_n"] else "none"))
         rows.append([f"`{row['run']}`", row["target"], f"{sign} {number(row['bound'])}", str(row["n"]),
-                     interval(row["mean"], row["ci_low"], row["ci_high"]), status,
+                     interval(row["mean"], row["ci_low"], row["ci_high"]), status, forgotten,
                      *(_against(row, side) for side in ("compare", "reference"))])
     compare, reference = (next((r for r in table[f"{side}_run"].dropna().unique()), "-")
                           for side in ("compare", "reference"))
     return markdown_table(["run", "target", "bound", "identities", "mean (95% interval)", "status",
+                           "identities it forgot: mean (95% interval)",
                            f"minus `{compare}` (t interval), Holm p", f"minus `{reference}` (t interval), Holm p"],
                           rows)
 

@@ -30,8 +30,8 @@ with stage_log(snakemake.log[0], "audit_tables"):
     write_csv(verdicts, out.verdicts)
     write_csv(comparisons, out.comparisons)
     write_csv(against_reference, out.against_reference)
-    write_csv(audit_targets(table, params.targets, params.reference, params.verdict["reference"], params.seed),
-              out.targets)
+    targets = audit_targets(table, params.targets, params.reference, params.verdict["reference"], params.seed, verdicts)
+    write_csv(targets, out.targets)
     with atomic_path(out.summary_md) as tmp:
         tmp.write_text(audit_markdown(summary, read_json(i.verification), table)
                        + verdict_markdown(verdicts, comparisons, params.verdict)

@@ -9,6 +9,11 @@ mean retain ISM on the same identities, resampled together); ``met`` reads the m
 it clears (positive) or misses (negative) the bound. Each run is also paired by identity with ``compare_to`` and with
 the never-trained reference (mean difference, Student-t 95% interval, two-sided Wilcoxon p, Holm-corrected over the
 run's targets against that run).
+
+Recovery divides by the ISM gap unlearning opened, which is small where the light probes still find the person, so
+there it can read well above 1 (relearning past the original) and pull the mean up: every recovery target also gives
+its mean over the identities the run forgot under the light probes alone (verdict other than "not forgotten";
+``forgotten_*`` columns). ``met`` reads the mean over all identities, as the targets are stated.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import pandas as pd
 from ..evaluation.statistics import bootstrap_mean, bootstrap_pooled, holm, paired_with
 from .heldout import HELDOUT_RELEARNING
 from .tables import ORIGINAL
-from .verdicts import HELDOUT_COMPARED, row_values
+from .verdicts import HELDOUT_COMPARED, NOT_FORGOTTEN, row_values
 
 RETAIN_ISM = ("evaluation", "retain", "ism")
 # the target's name of each held-out attack's success row (verdicts.HELDOUT_COMPARED: the rows runs are compared on)
@@ -27,8 +32,9 @@ ATTACK_TARGETS = {("attack_heldout", "best", "fa"): "held-out embedding attack s
                   ("inversion", "regenerated", "fa"): "inversion attack success"}
 AGAINST = ("compare", "reference")  # column prefixes of the two pairings
 TARGET_COLUMNS = ["run", "target", "probe", "setting", "metric", "kind", "bound", "n", "mean", "ci_low", "ci_high",
-                  "met", "margin", *[f"{side}_{column}" for side in AGAINST
-                                     for column in ("run", "n", "mean_diff", "t_low", "t_high", "p_wilcoxon", "p_holm")]]
+                  "met", "margin", "forgotten_n", "forgotten_mean", "forgotten_ci_low", "forgotten_ci_high",
+                  *[f"{side}_{column}" for side in AGAINST
+                    for column in ("run", "n", "mean_diff", "t_low", "t_high", "p_wilcoxon", "p_holm")]]
 
 
 def target_rows(table: pd.DataFrame, targets: dict) -> list[tuple[str, str, str, str, str, float]]:
@@ -46,9 +52,13 @@ def target_rows(table: pd.DataFrame, targets: dict) -> list[tuple[str, str, str,
 
 
 def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, reference: str | None,
-                  seed: int) -> pd.DataFrame:
+                  seed: int, verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (audited run other than the original, target): value with interval, met, margin, and the pairings
-    with ``compare_to`` and ``reference`` (``TARGET_COLUMNS``). No retain ratio without ``compare_to``."""
+    with ``compare_to`` and ``reference`` (``TARGET_COLUMNS``). No retain ratio without ``compare_to``. With
+    ``verdicts`` (verdicts.identity_verdicts), a recovery target's mean over the identities the run forgot."""
+    judged = verdicts if verdicts is not None else pd.DataFrame(columns=["run", "identity", "verdict"])
+    forgotten = {(run, int(identity)) for run, identity in
+                 judged.loc[judged["verdict"] != NOT_FORGOTTEN, ["run", "identity"]].itertuples(index=False)}
     records = []
     runs = sorted(set(table["run"]) - {ORIGINAL})
     for name, probe, setting, metric, kind, bound in target_rows(table, targets):
@@ -69,6 +79,10 @@ def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, re
             record = {"run": run, "target": name, "probe": probe, "setting": setting, "metric": metric, "kind": kind,
                       "bound": bound, "n": n, "mean": mean, "ci_low": low, "ci_high": high,
                       "met": bool(margin >= 0), "margin": margin}
+            if metric == "recovery" and verdicts is not None:
+                on_forgotten = own[[(run, int(identity)) in forgotten for identity in own.index]]
+                record.update(zip(("forgotten_mean", "forgotten_ci_low", "forgotten_ci_high"),
+                                  bootstrap_mean(on_forgotten, seed)), forgotten_n=len(on_forgotten))
             for side, other in zip(AGAINST, (compare_to, reference)):
                 record.update({f"{side}_{k}": v for k, v in paired_with(values, run, other, seed).items()})
             records.append(record)
