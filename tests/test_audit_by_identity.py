@@ -12,14 +12,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # Stand-in for the interpreter: records every call (with its start and end for the archive's saves, which take a
-# moment so that overlapping saves would show), and fails the Snakemake run whose targets name $FAIL_IDENTITY.
+# moment so that overlapping saves would show), fails the Snakemake run whose targets name $FAIL_IDENTITY, and runs
+# for 10 s (until SIGTERM) each Snakemake run whose arguments contain $SLOW.
 STAND_IN = r"""#!/usr/bin/env bash
 log="$CALLS"
 case "$2" in
   snakemake)
     echo "snakemake $*" >> "$log"
     if [ -n "${FAIL_IDENTITY:-}" ] && [[ "$*" == *"/before/$FAIL_IDENTITY/"* ]]; then exit 1; fi
-    if [ -n "${SLOW:-}" ] && [[ "$*" == *"--nolock"* ]]; then
+    if [ -n "${SLOW:-}" ] && [[ "$*" == *"$SLOW"* ]]; then
       # as Snakemake on SIGTERM: the running job ends, no other starts, and the run fails
       trap 'echo "graceful $$" >> "$log"; sleep 0.3; exit 1' TERM
       for _ in $(seq 100); do sleep 0.1; done
@@ -127,7 +128,7 @@ def test_more_lanes_than_cores_is_a_clear_error(tmp_path, lanes):
 
 
 def test_stop_lets_the_running_jobs_end_archives_them_and_starts_nothing_more(tmp_path):
-    command, work, env = tool(tmp_path, [7, 36, 15, 38], CORES="2", LANES="2", SLOW="1")
+    command, work, env = tool(tmp_path, [7, 36, 15, 38], CORES="2", LANES="2", SLOW="--nolock")
     running = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
     while len(list((work / ".snakemake").glob("audit_by_identity.stop.*.pid"))) < 2:
@@ -142,3 +143,21 @@ def test_stop_lets_the_running_jobs_end_archives_them_and_starts_nothing_more(tm
     assert sorted(i for i, _, _ in audit_runs(calls)) == [7, 36]  # 15 and 38 never started
     assert calls.count("save start") == 2  # the two identities' finished jobs archived
     assert "stopped on request" in output and not (work / ".snakemake" / "audit_by_identity.stop").exists()
+
+
+def test_stop_during_the_tuning_ends_it_and_starts_no_lane(tmp_path):
+    command, work, env = tool(tmp_path, [7, 36], CORES="2", LANES="2", RUNS="uce.tuned", SLOW="choice.json")
+    running = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid_file = work / ".snakemake" / "audit_by_identity.stop.tuning.pid"
+    deadline = time.monotonic() + 30
+    while not pid_file.exists():
+        assert time.monotonic() < deadline and running.poll() is None, "the tuning did not start"
+        time.sleep(0.1)
+    subprocess.run([*command[:2], "--stop"], cwd=work, env=env, capture_output=True, text=True, timeout=10)
+    output, _ = running.communicate(timeout=30)
+    assert running.returncode == 0, output
+    calls = calls_of(tmp_path)
+    assert sum(c.startswith("graceful") for c in calls) == 1  # the tuning's Snakemake got the signal
+    assert audit_runs(calls) == [] and "save start" not in calls  # no lane, nothing new to archive
+    assert "stopped on request during the tuning" in output
+    assert not pid_file.exists() and not (work / ".snakemake" / "audit_by_identity.stop").exists()

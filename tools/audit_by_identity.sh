@@ -6,6 +6,7 @@
 #
 #   tools/audit_by_identity.sh [identity ...]    default: every forget identity, in the selection's order
 #   tools/audit_by_identity.sh --stop            let the running jobs finish, start no more, archive them, end
+#                                                (during the tuning: no lane starts; the tuning's jobs stay here)
 #
 # Environment: RUNS (unlearning runs audited), EXTERNAL (external models audited), CONFIG (config files), ARCHIVE,
 # RESULTS (their results_dir), CORES, LANES. The defaults are config/robust.yaml's audit.runs and 2 lanes: the
@@ -23,7 +24,8 @@ CORES=${CORES:-2}
 LANES=${LANES:-2}
 RESULTS=${RESULTS:-results}
 LOCK=.snakemake/audit_by_identity.lock
-STOP=.snakemake/audit_by_identity.stop  # asks the lanes to stop; each lane's Snakemake PID in $STOP.<lane>.pid
+# asks the lanes to stop; each lane's Snakemake PID in $STOP.<lane>.pid, the tuning's in $STOP.tuning.pid
+STOP=.snakemake/audit_by_identity.stop
 
 snakemake() { "$PY" -m snakemake "$@" --configfile $CONFIG; }
 # The lanes' saves take turns: each rewrites the archive's manifest.
@@ -35,7 +37,7 @@ if [ "${1:-}" = "--stop" ]; then
     for pid_file in "$STOP".*.pid; do
         [ -f "$pid_file" ] && kill -TERM "$(cat "$pid_file")" 2> /dev/null || true
     done
-    echo "asked the lanes to stop: they end when their running jobs do, and archive them"
+    echo "asked the lanes to stop (or the tuning, while it runs): they end when their running jobs do, and archive them"
     exit 0
 fi
 
@@ -87,8 +89,21 @@ print(' '.join(str(i) for i in pd.read_parquet(sys.argv[1])['forget_identity']))
         "$RESULTS/selection/selections.parquet")
 fi
 if [ "$RUNS" != "${RUNS/.tuned/}" ] && [ "$LANES" -gt 1 ]; then
-    # A tuned run needs the tuning's choice, which every lane would build: build it once, first.
-    snakemake --cores "$CORES" "$RESULTS/tables/tuning/choice.json"
+    # A tuned run needs the tuning's choice, which every lane would build: build it once, first. --stop ends it as it
+    # ends a lane; its finished jobs stay in $RESULTS (only the choice is archived, so they resume on this machine).
+    "$PY" -m snakemake --cores "$CORES" "$RESULTS/tables/tuning/choice.json" --configfile $CONFIG &
+    pid=$!
+    echo "$pid" > "$STOP.tuning.pid"
+    status=0
+    wait "$pid" || status=$?
+    rm -f "$STOP.tuning.pid"
+    if [ -e "$STOP" ]; then
+        rm -f "$STOP"
+        echo "== stopped on request during the tuning ($(date)); its finished jobs are in $RESULTS/tuning"
+        exit 0
+    elif [ "$status" -ne 0 ]; then
+        exit "$status"
+    fi
     save
 fi
 identities=("$@")
