@@ -41,8 +41,19 @@ if [ "${1:-}" = "--stop" ]; then
     exit 0
 fi
 
+stoppable() {  # stoppable NAME ARG...: Snakemake with ARG..., its PID in $STOP.NAME.pid for --stop; its exit status
+    local name=$1 pid status=0
+    shift
+    "$PY" -m snakemake "$@" --configfile $CONFIG &
+    pid=$!  # Snakemake's own: a simple command in the background is its own process
+    echo "$pid" > "$STOP.$name.pid"
+    wait "$pid" || status=$?
+    rm -f "$STOP.$name.pid"
+    return "$status"
+}
+
 lane() {  # lane $1 runs the identities $2... one after another on CORES / LANES cores
-    local n=$1 identity status pid
+    local n=$1 identity status
     shift
     for identity in "$@"; do
         if [ -e "$STOP" ]; then
@@ -56,11 +67,7 @@ lane() {  # lane $1 runs the identities $2... one after another on CORES / LANES
         status=0
         # Lanes share the working directory, so Snakemake's lock is off; their jobs are disjoint (each identity's
         # own), and the shared inputs were built before the lanes start.
-        "$PY" -m snakemake --cores $((CORES / LANES)) --nolock --keep-going "${targets[@]}" --configfile $CONFIG &
-        pid=$!  # Snakemake's own: a simple command in the background is its own process
-        echo "$pid" > "$STOP.$n.pid"
-        wait "$pid" || status=$?
-        rm -f "$STOP.$n.pid"
+        stoppable "$n" --cores $((CORES / LANES)) --nolock --keep-going "${targets[@]}" || status=$?
         save
         if [ -e "$STOP" ]; then
             echo "== stopped on request during identity $identity: its finished jobs are archived"
@@ -91,12 +98,8 @@ fi
 if [ "$RUNS" != "${RUNS/.tuned/}" ] && [ "$LANES" -gt 1 ]; then
     # A tuned run needs the tuning's choice, which every lane would build: build it once, first. --stop ends it as it
     # ends a lane; its finished jobs stay in $RESULTS (only the choice is archived, so they resume on this machine).
-    "$PY" -m snakemake --cores "$CORES" "$RESULTS/tables/tuning/choice.json" --configfile $CONFIG &
-    pid=$!
-    echo "$pid" > "$STOP.tuning.pid"
     status=0
-    wait "$pid" || status=$?
-    rm -f "$STOP.tuning.pid"
+    stoppable tuning --cores "$CORES" "$RESULTS/tables/tuning/choice.json" || status=$?
     if [ -e "$STOP" ]; then
         rm -f "$STOP"
         echo "== stopped on request during the tuning ($(date)); its finished jobs are in $RESULTS/tuning"
