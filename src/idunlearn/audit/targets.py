@@ -56,9 +56,9 @@ def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, re
     """One row per (audited run other than the original, target): value with interval, met, margin, and the pairings
     with ``compare_to`` and ``reference`` (``TARGET_COLUMNS``). No retain ratio without ``compare_to``. With
     ``verdicts`` (verdicts.identity_verdicts), a recovery target's mean over the identities the run forgot."""
-    judged = verdicts if verdicts is not None else pd.DataFrame(columns=["run", "identity", "verdict"])
-    forgotten = {(run, int(identity)) for run, identity in
-                 judged.loc[judged["verdict"] != NOT_FORGOTTEN, ["run", "identity"]].itertuples(index=False)}
+    forgotten = set() if verdicts is None else {
+        (run, int(identity)) for run, identity, verdict in verdicts[["run", "identity", "verdict"]].to_numpy()
+        if verdict != NOT_FORGOTTEN}
     records = []
     runs = sorted(set(table["run"]) - {ORIGINAL})
     for name, probe, setting, metric, kind, bound in target_rows(table, targets):
