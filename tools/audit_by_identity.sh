@@ -45,7 +45,9 @@ stoppable() {  # stoppable NAME ARG...: Snakemake with ARG..., its PID in $STOP.
     local name=$1 pid status=0
     shift
     "$PY" -m snakemake "$@" --configfile $CONFIG &
-    pid=$!  # Snakemake's own: a simple command in the background is its own process
+    # Not the snakemake function above: a function in the background is a subshell, and --stop's SIGTERM must
+    # reach Snakemake itself; a simple command in the background is its own process.
+    pid=$!
     echo "$pid" > "$STOP.$name.pid"
     wait "$pid" || status=$?
     rm -f "$STOP.$name.pid"
