@@ -107,8 +107,11 @@ def aggregated(tmp_path):
         inputs[key].append(str(folder / "metrics.json"))
         inputs[f"{key}_samples"].append(str(folder / "samples.parquet"))
         if run != "before":
+            # run a's timings carry every step's seconds; run b's predate that field and give their session's
+            seconds = {"seconds_total": 10.0 * identity} if run == "a" else {"seconds_this_session": 7.0 * identity}
             write_json({"run_name": run, "run": {"steps": 2 if run == "a" else 3}, "anchor": {"anchor_identity": 7},
-                        "steps": 2, "trainable_parameters": 3, "seconds_per_step": 0.5}, folder / "timings.json")
+                        "steps": 2, "trainable_parameters": 3, "seconds_per_step": 0.5, **seconds},
+                       folder / "timings.json")
             inputs["timings"].append(str(folder / "timings.json"))
     inputs["after_samples"].reverse()  # paired with the metrics by folder, not by position
     audit_md = tmp_path / "audit_summary.md"  # the audit's headline, as audit_tables writes it
@@ -131,6 +134,12 @@ def test_summary_md_carries_the_audit_headline_after_the_metrics(aggregated):
     text = (aggregated[0] / "tables" / "summary.md").read_text()
     assert text.startswith("# What was forgotten") and text.count("\n# ") == 0
     assert text.index("| run | phase |") < text.index("## Forgetting audit") < text.index("| original | 3 | 0.94 |")
+
+
+def test_costs_give_each_job_its_own_seconds_not_steps_times_the_median_step(aggregated):
+    costs = pd.read_csv(aggregated[0] / "tables" / "costs.csv").set_index(["run", "forget_identity"])
+    assert costs.loc[("a", 2), "unlearning_seconds"] == pytest.approx(20.0)  # seconds_total, not 2 x 0.5
+    assert costs.loc[("b", 2), "unlearning_seconds"] == pytest.approx(14.0)  # older timings: the session's time
 
 
 def test_summary_long_pooled_srk_recomputed_from_the_per_sample_files(aggregated):
@@ -227,8 +236,8 @@ def _paired_tables():
             counts.append({"run": run, "phase": "after", "forget_identity": identity, "forget_n": 10,
                            "forget_hits": hits, "retain_n": 20, "retain_hits": 18})
             if run != "R":
-                costs.append({"run": run, "forget_identity": identity, "steps": 100,
-                              "seconds_per_step": 1.0 + shift + offset, "trainable_parameters": 7})
+                costs.append({"run": run, "forget_identity": identity, "steps": 100, "seconds_per_step": 0.5,
+                              "unlearning_seconds": 100 * (1.0 + shift + offset), "trainable_parameters": 7})
     return pd.DataFrame(metrics), pd.DataFrame(counts), pd.DataFrame(costs)
 
 
@@ -250,7 +259,8 @@ def test_paired_runs_pairs_by_identity_with_t_intervals_holm_and_pooled_srk():
                                                                                          d.mean() + half])
     assert b.loc["retain ISM", "mean"] == pytest.approx(np.mean(2 * np.array([0.1, 0.2, 0.4, 0.3]) + 1 + 0.05 *
                                                                 np.arange(1, 5)))
-    # unlearning time: 100 steps x (seconds per step), B - A = 100 s per identity; the reference has no time
+    # unlearning time: the job's own seconds (not steps x median step), B - A = 100 s per identity; the reference
+    # has no time
     assert b.loc["unlearning seconds per identity", "compare_diff"] == pytest.approx(100.0)
     assert np.isnan(b.loc["unlearning seconds per identity", "reference_diff"])
     assert "unlearning seconds per identity" not in table.loc["R"].index

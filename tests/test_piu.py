@@ -83,3 +83,13 @@ def test_non_finite_loss_stops_the_run(tmp_path):
     data.forget_train[:] = np.nan
     with pytest.raises(FloatingPointError, match="non-finite loss"):
         unlearn(gen, build_method("piu", RUN), data, RUN, tmp_path / "s.pt", seed=0)
+
+
+def test_a_resumed_job_s_time_counts_the_steps_before_the_resume(tmp_path):
+    base, data = build_mini_generator(TINY), tiny_data()
+    first, _ = unlearn(copy.deepcopy(base), build_method("piu", RUN), data, {**RUN, "steps": 2, "checkpoint_every": 1},
+                       tmp_path / "s.pt", seed=0)  # interrupted: the state after step 1 is on disk
+    log, timings = unlearn(copy.deepcopy(base), build_method("piu", RUN), data, RUN, tmp_path / "s.pt", seed=0)
+    assert log["step"].tolist() == [1, 2, 3, 4] and log["seconds"].iloc[0] == first["seconds"].iloc[0]
+    assert timings["seconds_total"] == pytest.approx(log["seconds"].sum())
+    assert timings["seconds_total"] > log["seconds"].iloc[1:].sum()

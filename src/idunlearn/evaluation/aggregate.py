@@ -151,6 +151,12 @@ def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) ->
     return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"
 
 
+def job_seconds(timings: dict) -> float:
+    """An unlearning job's time from its timings.json: every step's seconds summed (``seconds_total``); timings
+    written before that field existed give their last session's wall time, the whole job unless it was resumed."""
+    return float(timings["seconds_total"] if "seconds_total" in timings else timings["seconds_this_session"])
+
+
 # ----- runs paired by forget identity on their evaluation --------------------------------------------------------
 
 # measure -> the metrics column compared (a mean over identities); SRK is pooled from the sample counts instead
@@ -186,9 +192,8 @@ def paired_runs(metrics: pd.DataFrame, counts: pd.DataFrame, costs: pd.DataFrame
     measure a mean over identities), and for each side of ``against`` ("compare", "reference": a run or None) the
     run minus that run, paired by identity (``_difference``), Holm-corrected over the run's measures against it.
     ``metrics`` / ``counts``: the aggregate stage's metrics and sample-count tables; ``costs``: its costs table, whose
-    steps x seconds per step give an unlearning job's time (external models have none)."""
-    seconds = costs.assign(unlearning_seconds=costs["steps"] * costs["seconds_per_step"])
-    metrics = metrics.merge(seconds[["run", "forget_identity", "unlearning_seconds"]], how="left",
+    ``unlearning_seconds`` is an unlearning job's time (``job_seconds``; external models have none)."""
+    metrics = metrics.merge(costs[["run", "forget_identity", "unlearning_seconds"]], how="left",
                             on=["run", "forget_identity"])
     indexed = metrics.set_index(["run", "forget_identity"])
     records = []

@@ -84,6 +84,9 @@ def unlearn(generator: IdentityGenerator, method: UnlearningMethod | ClosedFormM
     timings = {"steps": cfg["steps"], "precision": precision,
                "trainable_parameters": int(sum(p.numel() for p in trainable.values())),
                "seconds_this_session": time.perf_counter() - started,
+               # every step's time, the sessions before a resume included: the job's cost (a median hides the
+               # periodic inner-attack rounds of piu_robust and the like)
+               "seconds_total": float(table["seconds"].sum()),
                "seconds_per_step": float(table["seconds"].median()) if len(table) else float("nan")}
     return table, timings
 
@@ -94,7 +97,7 @@ def _edit(generator: IdentityGenerator, method: ClosedFormMethod, data: Unlearni
     row = method.edit(generator, data, trainable, rng)
     seconds = time.perf_counter() - tick
     timings = {"steps": 1, "trainable_parameters": int(sum(p.numel() for p in trainable.values())),
-               "seconds_this_session": seconds, "seconds_per_step": seconds}
+               "seconds_this_session": seconds, "seconds_total": seconds, "seconds_per_step": seconds}
     return pd.DataFrame([{"step": 1, **row, "seconds": seconds}]), timings
 
 
