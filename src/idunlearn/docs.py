@@ -151,18 +151,26 @@ def render_claims(results: Path, argument: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _setting(point: dict) -> str:
+    return ", ".join(f"{key} {value:g}" for key, value in point.items())
+
+
 def render_tuning(results: Path, argument: str | None) -> str:
-    """Per tuned method its chosen setting (``tables/tuning/grid.csv``): pooled forget and retain ISM on the tuning
-    identities (ratio to before) and how many of its settings forget."""
+    """Per tuned method its grid and chosen setting (``tables/tuning/grid.csv``): pooled forget and retain ISM on the
+    tuning identities (ratio to before) and how many of its settings forget."""
     grid = _read(results, "tables", "tuning", "grid.csv")
     rows = []
     for method, group in grid.groupby("method", sort=False):
+        points = [json.loads(p) for p in group["point"]]
+        axes = " x ".join(f"{key} " + ", ".join(f"{v:g}" for v in sorted({p[key] for p in points}))
+                          for key in points[0])
         chosen = group[group["chosen"]].iloc[0]
-        setting = chosen["point"] if chosen["eligible"] else f"{chosen['point']} (none eligible: least damaging)"
-        rows.append([method, setting, f"{number(chosen['ism_forget'])} ({chosen['forget_ratio']:.2f})",
+        setting = _setting(json.loads(chosen["point"]))
+        setting = setting if chosen["eligible"] else f"{setting} (none eligible: least damaging)"
+        rows.append([method, axes, setting, f"{number(chosen['ism_forget'])} ({chosen['forget_ratio']:.2f})",
                      f"{number(chosen['ism_retain'])} ({chosen['retain_ratio']:.2f})",
                      f"{int(group['forgets'].sum())} of {len(group)}"])
-    return markdown_table(["method", "chosen setting", "forget ISM (x before)", "retain ISM (x before)",
+    return markdown_table(["method", "grid", "chosen setting", "forget ISM (x before)", "retain ISM (x before)",
                            "settings that forget"], rows)
 
 
