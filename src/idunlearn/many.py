@@ -34,6 +34,7 @@ import torch  # noqa: E402
 from .audit.verification import verified  # noqa: E402
 from .conditions import dirichlet_mixtures  # noqa: E402
 from .config import ConfigError  # noqa: E402
+from .evaluation.aggregate import job_seconds  # noqa: E402
 from .evaluation.statistics import holm, mean_ci, mean_difference, pooled_srk, sample_counts  # noqa: E402
 from .faces.analyser import ok_embeddings  # noqa: E402
 from .identities import centroid_lookup  # noqa: E402
@@ -237,8 +238,8 @@ def job_table(strategy: str, order: int, size: int, identities: list[int], after
     rows.insert(4, "forgotten_at", range(1, len(identities) + 1))
     for key, value in pooled.items():
         rows[key], rows[f"{key}_before"] = value, pooled_before[key]
-    rows["seconds"], rows["steps"] = timings[-1]["seconds_this_session"], timings[-1]["steps"]
-    rows["seconds_total"] = sum(t["seconds_this_session"] for t in timings)
+    rows["seconds"], rows["steps"] = job_seconds(timings[-1]), timings[-1]["steps"]
+    rows["seconds_total"] = sum(job_seconds(t) for t in timings)
     rows["steps_total"] = sum(t["steps"] for t in timings)
     return rows
 

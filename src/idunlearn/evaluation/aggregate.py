@@ -153,7 +153,8 @@ def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) ->
 
 def job_seconds(timings: dict) -> float:
     """An unlearning job's time from its timings.json: every step's seconds summed (``seconds_total``); timings
-    written before that field existed give their last session's wall time, the whole job unless it was resumed."""
+    without it (written before it existed, or a merge's, which is never resumed) give their last session's wall
+    time, the whole job unless it was resumed."""
     return float(timings["seconds_total"] if "seconds_total" in timings else timings["seconds_this_session"])
 
 
