@@ -243,10 +243,11 @@ def test_tuning_shows_each_method_s_grid_and_chosen_setting(tmp_path):
 
     folder = tmp_path / "tables" / "tuning"
     folder.mkdir(parents=True)
-    points = [{"lr": lr, "eta": eta} for lr in (1e-4, 3e-4) for eta in (1.0, 1.5)]
+    points = [{"lr": lr, "eta": eta, "regime": "surgical"} for lr in (1e-4, 3e-4) for eta in (1.0, 1.5)]
     pd.DataFrame({"method": "piu", "point": [json.dumps(p) for p in points], "ism_forget": [0.4, 0.3, 0.2, 0.1],
                   "ism_retain": 0.5, "forget_ratio": 0.5, "retain_ratio": 0.95, "eligible": [True, True, True, False],
                   "forgets": [False, True, True, True], "chosen": [False, False, True, False]}
                  ).to_csv(folder / "grid.csv", index=False)
     row = render_tuning(tmp_path, None).splitlines()[2]
-    assert row == "| piu | lr 0.0001, 0.0003 x eta 1, 1.5 | lr 0.0003, eta 1 | 0.200 (0.50) | 0.500 (0.95) | 3 of 4 |"
+    assert row == ("| piu | lr 0.0001, 0.0003 x eta 1, 1.5 x regime surgical | lr 0.0003, eta 1, regime surgical | "
+                   "0.200 (0.50) | 0.500 (0.95) | 3 of 4 |")

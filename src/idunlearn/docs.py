@@ -151,8 +151,13 @@ def render_claims(results: Path, argument: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _value(value) -> str:
+    """A tuning knob's value: numbers short (1e-4 as 0.0001, 20.0 as 20), strings and booleans as they are."""
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
 def _setting(point: dict) -> str:
-    return ", ".join(f"{key} {value:g}" for key, value in point.items())
+    return ", ".join(f"{key} {_value(value)}" for key, value in point.items())
 
 
 def render_tuning(results: Path, argument: str | None) -> str:
@@ -162,7 +167,7 @@ def render_tuning(results: Path, argument: str | None) -> str:
     rows = []
     for method, group in grid.groupby("method", sort=False):
         points = [json.loads(p) for p in group["point"]]
-        axes = " x ".join(f"{key} " + ", ".join(f"{v:g}" for v in sorted({p[key] for p in points}))
+        axes = " x ".join(f"{key} " + ", ".join(_value(v) for v in dict.fromkeys(p[key] for p in points))
                           for key in points[0])
         chosen = group[group["chosen"]].iloc[0]
         setting = _setting(json.loads(chosen["point"]))
