@@ -6,7 +6,6 @@ from idunlearn.config import (
     ConfigError,
     config_hash,
     deep_update,
-    job_run_settings,
     load_config,
     run_config,
     sweep_runs,

@@ -167,7 +167,8 @@ def test_job_table_pools_counts_over_identities_before_one_srk():
     after = pd.concat([_samples(1, 0, 4, 0.1), _samples(2, 1, 2, 0.7)], ignore_index=True)
     after.loc[after.index[-1], "detected"] = False  # identity 2's last retain sample shows no face
     before = pd.concat([_samples(1, 4, 4, 0.8), _samples(2, 4, 4, 0.8)], ignore_index=True)
-    # the second job was resumed: its steps took 4 s in all, 3 s in its last session (the first job's timings have no seconds_total, as a merge's)
+    # the second job was resumed: its steps took 4 s in all, 3 s in its last session; the first job's timings have
+    # no seconds_total, as a merge's
     timings = [{"seconds_this_session": 2.0, "steps": 5},
                {"seconds_this_session": 3.0, "seconds_total": 4.0, "steps": 5}]
     table = job_table("sequential/none", 0, 2, [2, 1], after, before, timings, tau=0.5)
