@@ -161,7 +161,7 @@ def test_hub_failure_is_an_asset_error_naming_the_revision(monkeypatch, stand_in
     with pytest.raises(AssetError) as excinfo:
         load_arc2face(device="cpu", local_files_only=True)
     message = str(excinfo.value)
-    for part in (repo, repr(failing), revision, "huggingface-cli download", "HF_HOME"):
+    for part in (repo, repr(failing), revision, "hf download", "HF_HOME"):
         assert part in message
     assert isinstance(excinfo.value.__cause__, OSError)
 

@@ -102,7 +102,7 @@ def _celebahq_shards(repo: str, revision: str, split: str, cache_dir: Path) -> l
         raise AssetError(
             f"CelebA-HQ ({repo} at revision {revision}, split {split}) is neither in {local} nor in the Hugging Face "
             f"cache, and the hub could not be reached ({type(exc).__name__}: {exc}). Download the parquet shards "
-            f"data/{split}-*.parquet of that revision on a machine with hub access (huggingface-cli download {repo} "
+            f"data/{split}-*.parquet of that revision on a machine with hub access (hf download {repo} "
             f"--repo-type dataset --revision {revision} --include 'data/{split}-*') and copy its cache folder here "
             f"(HF_HOME), or place the shards in {local}."
         ) from exc

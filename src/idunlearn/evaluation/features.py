@@ -93,7 +93,7 @@ class DinoV2Features:
         except Exception as exc:
             raise AssetError(f"could not load DINOv2 from hub repo {repo} at revision {revision} "
                              f"({type(exc).__name__}: {exc}). On a machine that reaches huggingface.co run "
-                             f"`huggingface-cli download {repo} --revision {revision}` and copy the cache folder "
+                             f"`hf download {repo} config.json model.safetensors --revision {revision}` (docs/paper-setup.md) and copy the cache folder "
                              "here (HF_HOME).") from exc
         return cls(model, **kwargs)
 

@@ -86,7 +86,7 @@ def _from_hub(load, repo: str, subfolder: str, revision: str, what: str, **kwarg
         raise AssetError(
             f"could not load the {what} from hub repo {repo}, subfolder {subfolder!r}, revision {revision} "
             f"({type(exc).__name__}: {exc}). On a machine that reaches huggingface.co run "
-            f"`huggingface-cli download {repo} --revision {revision} --include '{subfolder}/*'`, copy the cache "
+            f"`hf download {repo} --revision {revision} --include '{subfolder}/*'` (docs/paper-setup.md), copy the cache "
             f"folder here and point HF_HOME (or cache_dir) at it; local_files_only=True then needs no network."
         ) from exc
 
