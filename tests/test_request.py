@@ -3,12 +3,18 @@ the request's tables for the study's unlearning code, requests for several peopl
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from PIL import Image
 
 from badfiles import StubAnalyser, write_bad_files
+from conftest import REPO
 from idunlearn.config import validate_config
 from idunlearn.experiment import unlearning_data
 from idunlearn.faces.analyser import ImageLoadError, load_rgb
@@ -17,6 +23,7 @@ from idunlearn.request.demo import write_demo_folder
 from idunlearn.request.photos import RequestError, embed_photos, find_requester, status_table
 from idunlearn.request.report import request_report, to_markdown, to_rst
 from idunlearn.request.selection import request_selection, request_selections, request_world, request_worlds
+from workflow_harness import QUICK, prepare_workdir, snakemake
 
 EPS, MIN_SAMPLES = 0.35, 2
 
@@ -233,3 +240,25 @@ def test_two_folders_of_one_person_stop_the_request_naming_both():
     with pytest.raises(RequestError, match="folders of 'alice' and 'again' show the same person") as err:
         request_selections(people, centroids, cfg, EPS, seed=3)
     assert "dataset identities both match: [4]" in str(err.value)
+
+
+def test_the_documented_command_for_your_own_photos_reads_your_folder(tmp_path):
+    """docs/requests.md's first command, its placeholder folder replaced by a real one (a space in its name): the
+    dry run's request_photos job reads that folder and the request's outputs go to results/request/<name>/."""
+    command = re.search(r"```sh\n(.*?)\n```", (REPO / "docs" / "requests.md").read_text(), re.S)[1]
+    words = shlex.split(command)
+    assert words[:3] == [".venv/bin/snakemake", "--cores", "2"] and words[3] == "--config", words
+    key, _, value = words[4].partition("=")
+    request = yaml.safe_load(value)
+    assert key == "request" and request["folder"] == "path/to/your/photos", words[4]
+    photos = tmp_path / "my photos"
+    photos.mkdir()
+    Image.new("RGB", (64, 64)).save(photos / "me.jpg")
+    workdir = tmp_path / "work"
+    prepare_workdir(workdir, {"generator": QUICK["generator"]})  # the shipped generator, found from the work folder
+    proc = snakemake(workdir, "--dry-run", "--config", f"request={json.dumps({**request, 'folder': str(photos)})}")
+    job = next(block for block in re.split(r"\n(?=rule )", proc.stdout) if block.startswith("rule request_photos:"))
+    assert re.search(r"input: " + re.escape(str(photos)) + ",", job), job
+    out = workdir / "results" / "request" / request["name"]
+    assert f"output: {out / 'photos.parquet'}" in job
+    assert str(out / "report.md") in proc.stdout and str(out / "export" / "manifest.json") in proc.stdout
