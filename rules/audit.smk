@@ -167,6 +167,8 @@ rule audit_tables:
         locality=report(results("figures", "audit", "locality.png"), category="Forgetting audit"),
         verdicts=report(results("tables", "audit_verdicts.csv"), category="Forgetting audit"),
         comparisons=results("tables", "audit_comparisons.csv"),
+        # the further pairs of audited runs (audit.pairs), on the same measures
+        pairs=results("tables", "audit_pairs.csv"),
         # every run against the never-trained reference (audit.verdict.reference; empty when it is not audited)
         against_reference=report(results("tables", "audit_vs_reference.csv"), category="Forgetting audit"),
         relearning_curves=report(results("figures", "audit", "relearning_curves.png"), category="Forgetting audit"),
@@ -176,6 +178,7 @@ rule audit_tables:
         seed=config["seed"],
         verdict=config["audit"]["verdict"],
         reference=audit_reference(),
+        pairs=audit_pairs(),
         targets=config["audit"]["targets"],
     log:
         logs("audit_tables"),

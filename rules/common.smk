@@ -158,6 +158,17 @@ def audit_reference():
     return reference
 
 
+def audit_pairs():
+    """The further pairs [run, against] of audited runs (config ``audit.pairs``), each checked."""
+    pairs = config["audit"]["pairs"]
+    for run, against in pairs:
+        if run == against or not all(name in [*run_names(), *external_models()] and audited(name)
+                                     for name in (run, against)):
+            raise ValueError(f"config key 'audit.pairs': [{run!r}, {against!r}] must name two different audited runs; "
+                             f"audited: {config['audit']['runs']}")
+    return pairs
+
+
 def second_recognizer_models_dir():
     return os.path.join(DATA, "models", "second_recognizer", config["audit"]["second_recognizer"]["backend"] or "none")
 

@@ -29,18 +29,20 @@ def started(run_settings: dict, seed: int = 7):
     return method
 
 
-def test_without_inner_steps_it_is_piu_robust_bit_for_bit_and_with_them_it_is_not(tmp_path):
+def test_meta_weight_zero_is_piu_robust_bit_for_bit_and_a_meta_term_is_not(tmp_path):
     base = tiny_generator()
-    robust, off, on = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    robust, off, on, at_theta = (copy.deepcopy(base) for _ in range(4))
     log_robust, _ = run(robust, settings(method="piu_robust"), tmp_path / "a.pt")
-    log_off, _ = run(off, settings(method="piu_meta", meta_inner_steps=[0, 0]), tmp_path / "b.pt")
+    log_off, _ = run(off, settings(method="piu_meta", meta_inner_steps=[1, 1], meta_weight=0.0), tmp_path / "b.pt")
     for (name, a), (_, b) in zip(robust.unet.named_parameters(), off.unet.named_parameters()):
         assert torch.equal(a, b), name
     for column in ("forget_loss", "retain_loss", "total_loss"):
         assert log_robust[column].tolist() == log_off[column].tolist(), column
-    log_on, _ = run(on, settings(method="piu_meta", meta_inner_steps=[1, 1]), tmp_path / "c.pt")
-    assert log_on["forget_loss"].tolist() != log_robust["forget_loss"].tolist()
-    assert not all(torch.equal(a, b) for a, b in zip(robust.unet.parameters(), on.unet.parameters()))
+    # a meta term, after one attacker step or at theta itself (the extra-batch ablation), changes the run
+    for model, steps, path in ((on, [1, 1], "c.pt"), (at_theta, [0, 0], "d.pt")):
+        log, _ = run(model, settings(method="piu_meta", meta_inner_steps=steps), tmp_path / path)
+        assert log["forget_loss"].tolist() != log_robust["forget_loss"].tolist(), steps
+        assert not all(torch.equal(a, b) for a, b in zip(robust.unet.parameters(), model.unet.parameters())), steps
 
 
 def test_one_inner_step_is_an_adamw_step_on_the_denoising_loss_and_leaves_the_model_alone():
@@ -73,12 +75,16 @@ def test_one_inner_step_is_an_adamw_step_on_the_denoising_loss_and_leaves_the_mo
     assert not any(p.grad is not None for p in generator.unet.parameters())
 
 
-def test_outer_gradient_is_taken_at_the_relearned_parameters():
+def meta_step_gradients(inner_steps: list[int]) -> dict:
+    """One piu_meta step (meta weight 0.5, attacker lr 1e-2) from a fixed tiny model: the gradient of its eq. 4 total
+    (``total``), and by a separate route on copies of the model the gradients of PIU's eq. 4 on the step's plain batch
+    at theta (``plain``), and on the meta term's batch at the attacker's end point theta' (``at_relearned``) and at
+    theta (``at_start``); ``moved``: whether theta' differs from theta."""
     generator, data = tiny_generator(), tiny_data(latents=True)
     teacher = copy.deepcopy(generator.unet).requires_grad_(False)
     generator.requires_grad_(False)
     trainable = select_trainable(generator.unet, "surgical")
-    cfg = settings(method="piu_meta", meta_inner_steps=[2, 2], meta_inner_lr=[1e-2, 1e-2], meta_weight=0.5,
+    cfg = settings(method="piu_meta", meta_inner_steps=inner_steps, meta_inner_lr=[1e-2, 1e-2], meta_weight=0.5,
                    attack_every=None, eta=1.5)
     method = started(cfg)
     seen = {}
@@ -100,17 +106,44 @@ def test_outer_gradient_is_taken_at_the_relearned_parameters():
         piu = build_method("piu", settings(method="piu", eta=1.5)).objectives(model, teacher, data, rng, gen)
         return torch.autograd.grad(piu.forget + cfg["lambda"] * piu.retain, list(params.values()))
 
-    plain = piu_gradient({}, np.random.default_rng(3), torch.Generator().manual_seed(3))
-    meta_gen = torch.Generator()
-    meta_gen.set_state(seen["gen"])
-    at_relearned = piu_gradient(seen["relearned"], copy.deepcopy(seen["rng"]), meta_gen)
-    meta_gen.set_state(seen["gen"])
-    at_start = piu_gradient({}, copy.deepcopy(seen["rng"]), meta_gen)
-    for g, p, r, s in zip(total, plain, at_relearned, at_start):
-        torch.testing.assert_close(g, p + 0.5 * r, rtol=1e-4, atol=1e-7)
+    def on_meta_batch(unet_values: dict) -> list[torch.Tensor]:
+        meta_gen = torch.Generator()
+        meta_gen.set_state(seen["gen"])
+        return piu_gradient(unet_values, copy.deepcopy(seen["rng"]), meta_gen)
+
+    own = generator.unet.state_dict()
+    return {"total": total, "plain": piu_gradient({}, np.random.default_rng(3), torch.Generator().manual_seed(3)),
+            "at_relearned": on_meta_batch(seen["relearned"]), "at_start": on_meta_batch({}),
+            "moved": any(not torch.equal(v, own[n]) for n, v in seen["relearned"].items())}
+
+
+def _largest_gap(xs, ys) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(xs, ys))
+
+
+def test_outer_gradient_is_taken_at_the_relearned_parameters():
+    g = meta_step_gradients([2, 2])
+    assert g["moved"]
+    for total, plain, relearned in zip(g["total"], g["plain"], g["at_relearned"]):
+        torch.testing.assert_close(total, plain + 0.5 * relearned, rtol=1e-4, atol=1e-7)
     # the test can tell the two points apart: the meta gradient at theta differs from the one at theta'
-    gap = max((r - s).abs().max().item() for r, s in zip(at_relearned, at_start))
-    assert gap > 100 * max((g - p - 0.5 * r).abs().max().item() for g, p, r in zip(total, plain, at_relearned))
+    gap = _largest_gap(g["at_relearned"], g["at_start"])
+    assert gap > 100 * _largest_gap(g["total"], [p + 0.5 * r for p, r in zip(g["plain"], g["at_relearned"])])
+
+
+def test_without_inner_steps_the_meta_term_is_a_second_piu_batch_at_theta():
+    # the extra-batch ablation (meta_inner_steps [0, 0]): the attacker takes no step, so the update is piu_robust's
+    # (``plain``) plus w x PIU's gradient on a second batch at theta itself, not at a relearned theta'
+    g = meta_step_gradients([0, 0])
+    assert not g["moved"]
+    for total, plain, start in zip(g["total"], g["plain"], g["at_start"]):
+        torch.testing.assert_close(total, plain + 0.5 * start, rtol=1e-4, atol=1e-7)
+    # it differs from piu_robust's update by the whole second batch, far beyond the rounding of the check above
+    tolerance = _largest_gap(g["total"], [p + 0.5 * s for p, s in zip(g["plain"], g["at_start"])])
+    assert _largest_gap(g["total"], g["plain"]) > 100 * tolerance
+    # and from piu_meta's (2 attacker steps): the same batch at theta' gives another gradient
+    meta = meta_step_gradients([2, 2])
+    assert _largest_gap(meta["at_relearned"], meta["at_start"]) > 100 * tolerance
 
 
 def test_meta_rounds_resume_exactly(tmp_path):
@@ -122,11 +155,23 @@ def test_meta_rounds_resume_exactly(tmp_path):
 
 
 def test_attacker_stream_is_its_own():
-    seeds = [meta_seed(42 + identity) for identity in range(40)]
-    assert len(set(seeds)) == 40 and not set(seeds) & {adversarial_seed(42 + i) for i in range(40)}
-    assert not set(seeds) & set(range(42, 42 + 10**6))  # nor a run, evaluation or audit seed
+    # seeded from the run's seed (a different run draws differently), not the run's seed itself nor piu_robust's stream
+    assert len({meta_seed(42 + identity) for identity in range(40)}) == 40
     method = started(settings(method="piu_meta"), seed=42)
-    assert not np.array_equal(method.meta_rng.integers(10**9, size=4), np.random.default_rng(42).integers(10**9, size=4))
+    first = method.meta_rng.integers(10**9, size=4)
+    for other in (42, adversarial_seed(42)):
+        assert not np.array_equal(first, np.random.default_rng(other).integers(10**9, size=4)), other
+    # a meta round draws nothing from the run's streams: the plain batches of every later step are piu_robust's
+    generator, data = tiny_generator(), tiny_data(latents=True)
+    teacher = copy.deepcopy(generator.unet).requires_grad_(False)
+    generator.requires_grad_(False)
+    select_trainable(generator.unet, "surgical")
+    states = []
+    for cfg in (settings(method="piu_robust", attack_every=None), settings(method="piu_meta", attack_every=None)):
+        rng, gen = np.random.default_rng(3), torch.Generator().manual_seed(3)
+        started(cfg).objectives(generator, teacher, data, rng, gen)
+        states.append((rng.bit_generator.state, gen.get_state()))
+    assert states[0][0] == states[1][0] and torch.equal(states[0][1], states[1][1])
 
 
 @pytest.mark.parametrize("over", [{"meta_inner_steps": [3, 1]}, {"meta_inner_lr": [1e-3, 1e-4]}])

@@ -7,6 +7,7 @@ A generated block sits between ``<!-- generated:NAME -->`` (or ``<!-- generated:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -215,12 +216,13 @@ def _identities_with(part: pd.DataFrame, kind: str) -> str:
     return f"{len(ids)} ({', '.join(map(str, ids))})" if ids else "0"
 
 
-def render_audit_comparisons(results: Path, argument: str | None) -> str:
-    """Each audited run minus the reference run (``tables/audit_comparisons.csv``), paired by identity: mean
-    difference (95% identity-bootstrap interval) and two-sided Wilcoxon p."""
-    comparisons = _read(results, "tables", "audit_comparisons.csv")
+def render_audit_comparisons(results: Path, argument: str | None, table: str = "audit_comparisons.csv") -> str:
+    """Each audited run minus the reference run (``tables/audit_comparisons.csv``; ``audit_pairs.csv``: each further
+    pair, the run minus the run it is paired with), paired by identity: mean difference (95% identity-bootstrap
+    interval) and two-sided Wilcoxon p."""
+    comparisons = _read(results, "tables", table)
     runs = _runs(argument) or sorted(comparisons["run"].unique())
-    _require_runs(comparisons, runs, "tables/audit_comparisons.csv")
+    _require_runs(comparisons, runs, f"tables/{table}")
     rows = [[f"`{c.run}` - `{c.reference}`", f"{c.probe} {c.setting} {c.metric}", str(c.n),
              interval(c.mean_diff, c.boot_low, c.boot_high), number(c.p_wilcoxon)]
             for c in comparisons[comparisons["run"].isin(runs)].itertuples(index=False)]
@@ -386,6 +388,7 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "audit.probes": render_audit_probes,
     "audit.verdicts": render_audit_verdicts,
     "audit.comparisons": render_audit_comparisons,
+    "audit.pairs": functools.partial(render_audit_comparisons, table="audit_pairs.csv"),
     "audit.targets": render_audit_targets,
     "audit.evaluation": render_audit_evaluation,
     "evaluation.external": render_external_evaluation,

@@ -23,12 +23,16 @@ with stage_log(snakemake.log[0], "audit_tables"):
     summary = audit_summary(table, params.seed)
     verdicts = identity_verdicts(table, **params.verdict)
     comparisons = paired_comparisons(table, params.reference, params.seed)
+    # each further pair alone: the table of its two runs (and the original), the second the reference
+    pairs = pd.concat([paired_comparisons(table[table["run"].isin([run, against, ORIGINAL])], against, params.seed)
+                       for run, against in params.pairs], ignore_index=True) if params.pairs else comparisons.iloc[:0]
     against_reference = reference_comparisons(table, params.verdict["reference"], params.seed)
     write_parquet(table, out.table)
     write_csv(table, out.csv)
     write_csv(summary, out.summary)
     write_csv(verdicts, out.verdicts)
     write_csv(comparisons, out.comparisons)
+    write_csv(pairs, out.pairs)
     write_csv(against_reference, out.against_reference)
     targets = audit_targets(table, params.targets, params.reference, params.verdict["reference"], params.seed, verdicts)
     write_csv(targets, out.targets)

@@ -76,8 +76,10 @@ class PIUMeta(PIURobust):
     ``meta_weight``, their gradient at theta' applied to theta (``first_order``). The attacker changes the
     ``meta_regime`` parameters (the audit's relearning regime by default), the run its own regime.
     The attacker's draws (k, lr, its batches) and the meta term's batch come from a stream of their own
-    (``meta_seed``); the sampled PIU batch and the inner embedding attack are piu_robust's. ``meta_inner_steps``
-    [0, 0] turns the meta term off: the run is then piu_robust bit for bit.
+    (``meta_seed``); the sampled PIU batch and the inner embedding attack are piu_robust's. ``meta_weight`` 0 turns
+    the meta term off: the run is then piu_robust bit for bit. ``meta_inner_steps`` [0, 0] keeps it on with an
+    attacker that takes no step: the second PIU batch is then taken at theta itself, which separates what the extra
+    batch does from what the meta-gradient does (the ablation ``piu_meta_at_theta`` in config/robust.yaml).
 
     params: piu_robust's, and meta_inner_steps, meta_inner_lr, meta_every, meta_weight, meta_batch, meta_regime.
     """
@@ -96,7 +98,7 @@ class PIUMeta(PIURobust):
 
     @property
     def meta_on(self) -> bool:
-        return self.params["meta_inner_steps"][1] > 0
+        return self.params["meta_weight"] > 0
 
     def start(self, seed: int) -> None:
         super().start(seed)
