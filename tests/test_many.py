@@ -13,9 +13,9 @@ from idunlearn.conditions import dirichlet_mixtures
 from idunlearn.config import ConfigError
 from idunlearn.evaluation.statistics import mean_ci
 from idunlearn.experiment import unlearn_selection, unlearning_data
-from idunlearn.many import (chosen_identities, forget_order, identity_orders, job_selections, job_table, joint_run,
-                            merge_sizes, order_summary, replay_selections, step_run, strategy_comparisons,
-                            strategy_table)
+from idunlearn.many import (chosen_identities, crossed_bootstrap, forget_order, identity_orders, job_selections,
+                            job_table, joint_run, merge_sizes, order_summary, replay_selections, step_run,
+                            strategy_comparisons, strategy_table)
 from idunlearn.models.export import merge_changes, merge_cross_attention
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.selection import select_experiments
@@ -364,7 +364,64 @@ def test_paired_comparisons_pair_orders_and_identities():
     ratio = comparisons.loc[("order", "retain_ratio")]
     assert (ratio["a"], ratio["b"], ratio["n"]) == ("joint", "sequential/replay", 3)
     assert ratio["mean_diff"] == pytest.approx(np.mean([0.80 - 0.96, 0.85 - 0.97, 0.90 - 0.99]))
-    fa = comparisons.loc[("identity", "fa_forget")]
-    assert fa["n"] == 6 and fa["mean_diff"] == pytest.approx(-0.25 / 6)
+    fa = comparisons.loc[("order x identity", "fa_forget")]
+    assert fa["n"] == 6 and fa["mean_diff"] == pytest.approx(-0.25 / 6) and np.isnan(fa["p_wilcoxon"])
+    assert comparisons.loc[("order", "fa_mean"), "mean_diff"] == pytest.approx(-0.25 / 6)
     assert comparisons.loc[("order", "seconds_total"), "mean_diff"] == pytest.approx(-100.0)
-    assert (comparisons["p_holm"].dropna() >= comparisons["p_wilcoxon"].dropna()).all()
+    assert (fa["orders"], fa["identities"], fa["shared_identities"]) == (3, 6, 0)
+
+
+def _cells_table(differences: dict[tuple[int, int], float], strategies=("joint", "sequential/replay")) -> pd.DataFrame:
+    """A many table at one size whose forget ISM and FA of (order, identity) are 0 under the first strategy and
+    ``differences`` plus the strategy's position - 1 under the others; retain and cost alike everywhere."""
+    rows = []
+    for position, strategy in enumerate(strategies):
+        for (order, identity), diff in differences.items():
+            value = 0.0 if position == 0 else diff + position - 1
+            rows.append({"strategy": strategy, "order": order, "size": 8, "identity": identity, "fa_forget": value,
+                         "ism_forget": value, "ism_retain": 0.7, "ism_retain_before": 0.7,
+                         "detection_rate_retain": 1.0, "srk_pooled": 50.0, "seconds_total": 100.0})
+    return pd.DataFrame(rows)
+
+
+def test_an_order_is_one_unit_not_eight_identities():
+    # 3 orders of 8 identities; the difference is 1 for every identity of order 2, 0 elsewhere. Resampling orders,
+    # a replicate holds no order 2 with probability (2/3)^3 = 0.30 (mean 0) and order 2 alone with 1/27 = 0.037
+    # (mean 1), both above 2.5%: the interval is [0, 1] exactly. 24 independent pairs would give 1/3 +- 0.20.
+    cells = {(order, order * 8 + i): float(order == 2) for order in range(3) for i in range(8)}
+    table = _cells_table(cells)
+    row = strategy_comparisons(table, order_summary(table), seed=0).set_index(["unit", "metric"]).loc[
+        ("order x identity", "ism_forget")]
+    assert row["mean_diff"] == pytest.approx(1 / 3)
+    assert (row["boot_low"], row["boot_high"]) == (0.0, 1.0)
+
+
+def test_an_identity_in_several_orders_is_one_unit():
+    # 6 orders, each with identity 99 (difference 1) and 3 identities of its own (0); every order's mean is 1/4, so
+    # orders alone would give [0.25, 0.25]. Identity 99 is one of 19 identities: a replicate lacks it in every order at
+    # once with probability (18/19)^19 = 0.36 > 2.5%, so the interval starts at 0 exactly; were its 6 cells 6
+    # identities, a replicate would lack all of them with probability (18/24)^24 = 0.001 only.
+    cells = {(order, 99): 1.0 for order in range(6)}
+    cells.update({(order, 100 + 3 * order + i): 0.0 for order in range(6) for i in range(3)})
+    index = pd.MultiIndex.from_tuples(cells, names=["order", "identity"])
+    low, high = crossed_bootstrap(pd.Series(list(cells.values()), index=index), seed=0)
+    assert low == 0.0 and high > 0.25
+    table = _cells_table(cells)
+    row = strategy_comparisons(table, order_summary(table), seed=0).set_index(["unit", "metric"]).loc[
+        ("order x identity", "fa_forget")]
+    assert (row["orders"], row["identities"], row["shared_identities"]) == (6, 19, 1)
+
+
+def test_order_level_wilcoxon_and_holm_over_the_strategy_pairs():
+    # every cell of strategy b and c above a: per order a difference of the same sign. An exact two-sided Wilcoxon
+    # signed-rank test over n orders then gives 2 / 2^n: 0.25 with 3 orders, 0.03125 with 6 (24 or 48 pairs would
+    # give far less). Holm (1979) over the 3 strategy pairs of a metric: a - b and a - c at 0.03125 and b - c
+    # (differences 1 everywhere) at 0.03125: each x 3 -> 0.09375.
+    for n_orders, p in ((3, 0.25), (6, 0.03125)):
+        cells = {(order, order * 8 + i): 1.0 + 0.1 * order for order in range(n_orders) for i in range(8)}
+        table = _cells_table(cells, strategies=("a", "b", "c"))
+        out = strategy_comparisons(table, order_summary(table), seed=0)
+        rows = out[(out["unit"] == "order") & (out["metric"] == "ism_forget_mean")].set_index(["a", "b"])
+        assert rows["p_wilcoxon"].tolist() == pytest.approx([p] * 3)
+        assert rows["p_smallest"].tolist() == pytest.approx([p] * 3)
+        assert rows["p_holm"].tolist() == pytest.approx([min(1.0, 3 * p)] * 3)
