@@ -279,9 +279,14 @@ def rule_names() -> set[str]:
     return {name for f in [REPO / "Snakefile", *(REPO / "rules").glob("*.smk")] for name in RULE.findall(f.read_text())}
 
 
+PLACEHOLDER = re.compile(r"<[^>]*>|^[A-Z]$")  # `<id>`, `--threads T`: the reader fills them in
+
+
 def check(command: str, folder: Path, copyable: bool = True) -> tuple[bool, str]:
     env, words = split(command)
     what = kind(command)
+    if not copyable and any(PLACEHOLDER.search(w) for w in words):
+        return True, "a sentence's command with placeholders: not run"
     if what == "snakemake" and not copyable and "--configfile" not in words:
         # a sentence naming a target (`snakemake tune`): its flags parse and its targets are rules of the workflow
         from snakemake.cli import parse_args
@@ -289,7 +294,7 @@ def check(command: str, folder: Path, copyable: bool = True) -> tuple[bool, str]
             _, args = parse_args(words[1:])
         except SystemExit:
             return False, "Snakemake does not accept these flags"
-        unknown = sorted(set(args.targets or []) - rule_names())
+        unknown = sorted(t for t in set(args.targets or []) - rule_names() if "/" not in t)  # a path: a file target
         return not unknown, f"not rules of the workflow: {unknown}"
     if what == "snakemake":
         argv = snakemake_argv(command)
@@ -369,10 +374,10 @@ def test_extraction_finds_fenced_inline_and_continued_commands():
             "| `make z` | `snakemake many` |\nsee `make w` and `--cores` and `results/`\n```python\nmake q\n")
     assert fenced_lines(text) == [(2, ".venv/bin/snakemake audit --cores 2 --config 'a={\"b\": [\"c\"]}'"),
                                   (4, "make x   Y=1"), (11, "make y")]
-    assert inline_commands(text) == [(13, "make z", True), (13, "snakemake many", True), (14, "make w", False)]
+    assert inline_commands(text) == [(14, "make z", True), (14, "snakemake many", True), (15, "make w", False)]
     assert inline_commands("run `.venv/bin/snakemake --cores 2\n--configfile x.yaml` then") == [
         (1, ".venv/bin/snakemake --cores 2 --configfile x.yaml", False)]
-    assert unclosed_fences(text) == [15] and unclosed_fences("```\nx\n```\n") == []
+    assert unclosed_fences(text) == [16] and unclosed_fences("```\nx\n```\n") == []
 
 
 def test_form_problems_name_what_a_fresh_clone_lacks():
