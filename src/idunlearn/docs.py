@@ -491,13 +491,30 @@ def setting_readers() -> dict[str, list[str]]:
     return readers
 
 
-def render_configuration(results: Path | None = None, argument: str | None = None) -> str:
-    """The configuration reference: per top-level section a table of every key with its type, default and meaning;
-    the run settings (``unlearning.defaults``) also say which methods and optimisers read them."""
-    readers = setting_readers()
+def configuration_sections() -> dict[str, list[SettingRow]]:
+    """The schema's top-level sections, in its order, each with its rows."""
     sections: dict[str, list[SettingRow]] = {}
     for row in setting_rows():
         sections.setdefault(row.key.split(".")[0].split("[")[0], []).append(row)
+    return sections
+
+
+def render_configuration(results: Path | None = None, argument: str | None = None) -> str:
+    """The configuration reference: per top-level section a table of every key with its type, default and meaning;
+    the run settings (``unlearning.defaults``) also say which methods and optimisers read them. ``argument``: the
+    sections to show, comma-separated, in that order, or ``except=`` and the sections to leave out (None: all), so
+    that the reference can span several pages and a new section lands on the page that takes the rest."""
+    readers = setting_readers()
+    sections = configuration_sections()
+    if argument:
+        left_out = argument.startswith("except=")
+        named = argument.removeprefix("except=").split(",")
+        unknown = [name for name in named if name not in sections]
+        if unknown:
+            raise ValueError(f"generated block configuration:{argument}: {', '.join(unknown)} is no top-level "
+                             f"section of the schema; name some of {', '.join(sections)}")
+        shown = [name for name in sections if name not in named] if left_out else named
+        sections = {name: sections[name] for name in shown}
     out = []
     for section, rows in sections.items():
         out.append(f"### `{section}`\n")
