@@ -2,7 +2,7 @@
 
 from idunlearn.config import job_settings, tuned_base
 from idunlearn.many import (CLOSED_FORM_MERGES, MERGES, PROTECTIONS, evaluated_steps, identity_orders, joint_run,
-                            merge_sizes, step_run)
+                            merge_names, merge_sizes, step_run)
 from idunlearn.unlearning import METHODS
 
 
@@ -32,6 +32,7 @@ def many_settings():
         raise ValueError(f"config key 'many.joint_sizes': method {run['method']!r} of run {cfg['run']!r} unlearns one "
                          "identity per run; use joint_sizes: [1] and sequential_protections: [none] (the chain still "
                          "runs) or a run of piu, esd, siss or uce")
+    cfg["merges"] = merge_names(cfg["merges"])
     return cfg
 
 

@@ -14,9 +14,9 @@ from idunlearn.config import ConfigError
 from idunlearn.evaluation.statistics import mean_ci
 from idunlearn.experiment import unlearn_selection, unlearning_data
 from idunlearn.many import (chosen_identities, crossed_bootstrap, forget_order, identity_orders, job_selections,
-                            job_table, joint_run, merge_sizes, order_summary, replay_selections, step_run,
-                            strategy_comparisons, strategy_table)
-from idunlearn.models.export import merge_changes, merge_cross_attention
+                            job_table, joint_run, merge_names, merge_sizes, order_summary, replay_selections,
+                            step_run, strategy_comparisons, strategy_table)
+from idunlearn.models.export import merge_changes, merge_regmean
 from idunlearn.models.mini import build_mini_generator
 from idunlearn.selection import select_experiments
 from idunlearn.unlearning import build_method
@@ -299,7 +299,7 @@ def test_merging_one_run_gives_that_run_and_merging_two_sums_their_changes():
         merge_changes(base, [one, {k: v for k, v in two.items() if k != names[0]}])
 
 
-def test_cross_attention_merge_fits_each_runs_projection_on_its_own_conditions():
+def test_regmean_merge_fits_each_runs_projection_on_its_own_conditions():
     gen = tiny_generator()
     names = [n for n, _ in gen.unet.named_parameters() if ".attn2." in n]
     base = {n: p.detach().clone() for n, p in gen.unet.named_parameters() if n in names}
@@ -308,7 +308,7 @@ def test_cross_attention_merge_fits_each_runs_projection_on_its_own_conditions()
     with torch.no_grad():
         conditions = [gen.conditions(torch.from_numpy(unit(rng.standard_normal((6, 16))))) for _ in runs]
         preserve = gen.conditions(torch.from_numpy(unit(rng.standard_normal((6, 16)))))
-    merged = merge_cross_attention(base, runs, conditions, preserve, preserve_weight=1.0, lam=1e-4)
+    merged = merge_regmean(base, runs, conditions, preserve, preserve_weight=1.0, lam=1e-4)
     key = next(n for n in names if n.endswith("attn2.to_k.weight"))
     rows = [c.reshape(-1, c.shape[-1]) for c in conditions]
     summed = merge_changes(base, runs)[key]
@@ -316,14 +316,37 @@ def test_cross_attention_merge_fits_each_runs_projection_on_its_own_conditions()
         assert (c @ merged[key].T - c @ run[key].T).norm() < (c @ summed.T - c @ run[key].T).norm()
     query = next(n for n in names if n.endswith("attn2.to_q.weight"))
     assert torch.equal(merged[query], merge_changes(base, runs)[query])  # not a projection: summed
-    far = merge_cross_attention(base, runs, conditions, preserve, 1.0, lam=1e6)
+    far = merge_regmean(base, runs, conditions, preserve, 1.0, lam=1e6)
     torch.testing.assert_close(far[key], base[key], rtol=0, atol=1e-4)  # a strong pull keeps the base
     # keys_values: the same closed-form keys and values, every other parameter left at the base (not in the result)
-    only = merge_cross_attention(base, runs, conditions, preserve, preserve_weight=1.0, lam=1e-4, others="base")
+    only = merge_regmean(base, runs, conditions, preserve, preserve_weight=1.0, lam=1e-4, others="base")
     assert set(only) == {n for n in names if n.endswith(("attn2.to_k.weight", "attn2.to_v.weight"))} and query not in only
     assert all(torch.equal(only[n], merged[n]) for n in only)
     with pytest.raises(ValueError, match="others='mean'"):
-        merge_cross_attention(base, runs, conditions, preserve, 1.0, 1e-4, others="mean")
+        merge_regmean(base, runs, conditions, preserve, 1.0, 1e-4, others="mean")
+
+
+def test_regmean_solves_the_normal_equations_by_hand():
+    # one 2 x 2 key weight, two runs with one condition row each, no preservation: with a tiny ridge the merge must
+    # give each run's output on its own row. Rows e1 and e2: G_1 = e1 e1^T, G_2 = e2 e2^T, so
+    # W = (W_1 G_1 + W_2 G_2 + lam W_0)(G_1 + G_2 + lam I)^-1 = [W_1 e1, W_2 e2] (columns) as lam -> 0
+    name = "down.attn2.to_k.weight"
+    base = {name: torch.zeros(2, 2, dtype=torch.float64)}
+    runs = [{name: torch.tensor([[1.0, 5.0], [2.0, 6.0]], dtype=torch.float64)},
+            {name: torch.tensor([[7.0, 3.0], [8.0, 4.0]], dtype=torch.float64)}]
+    conditions = [torch.tensor([[1.0, 0.0]], dtype=torch.float64), torch.tensor([[0.0, 1.0]], dtype=torch.float64)]
+    preserve = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    merged = merge_regmean(base, runs, conditions, preserve, preserve_weight=0.0, lam=1e-9)
+    torch.testing.assert_close(merged[name], torch.tensor([[1.0, 3.0], [2.0, 4.0]], dtype=torch.float64))
+    # with the preservation term (weight 1, rows 1 1, base 0) and lam 0: G = [[2, 1], [1, 2]], right side
+    # W_1 G_1 + W_2 G_2 = [[1, 3], [2, 4]], so W = [[1, 3], [2, 4]] [[2, 1], [1, 2]]^-1 = [[-1/3, 5/3], [0, 2]]
+    kept = merge_regmean(base, runs, conditions, preserve, preserve_weight=1.0, lam=1e-12)
+    torch.testing.assert_close(kept[name], torch.tensor([[-1 / 3, 5 / 3], [0.0, 2.0]], dtype=torch.float64))
+
+
+def test_the_former_merge_name_is_read_with_a_warning():
+    with pytest.warns(FutureWarning, match="'cross_attention' is the former name of the 'regmean' merge"):
+        assert merge_names(["sum", "cross_attention", "regmean"]) == ["sum", "regmean"]
 
 
 def _summary_table() -> pd.DataFrame:

@@ -382,7 +382,7 @@ def test_many_identities_jointly_in_chains_and_merged_and_a_changed_identity_rer
     dry = {(rule, wildcards) for rule, wildcards in jobs_run(snakemake(workdir, "many", "--dry-run",
                                                                        configfile=overlay))}
     for rule, wildcards in (("many_unlearn_joint", "n=8"), ("many_unlearn_step", "protection=replay, step=8"),
-                            ("many_merge", "merge=sum, n=8"), ("many_merge", "merge=cross_attention, n=8")):
+                            ("many_merge", "merge=sum, n=8"), ("many_merge", "merge=regmean, n=8")):
         orders = {w.split("order=")[1].split(",")[0] for r, w in dry if r == rule and wildcards in w}
         assert orders == {"0", "1", "2"}, (rule, dry)
     merged = {dict(part.split("=", 1) for part in w.split(", "))["n"] for r, w in dry if r == "many_merge"}

@@ -21,6 +21,7 @@ always measured on the retain-validation identities, which are never forget iden
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -44,10 +45,12 @@ from .selection import anchor_for_tau, experiment_selections, forget_identity_or
 
 MODES = ("joint", "sequential")
 PROTECTIONS = ("none", "replay", "replay_eupmu")
-# the closed-form merges (models.export.merge_cross_attention) and what each does with the changed parameters
-# that are not keys or values: sum their changes, or keep the base's
-CLOSED_FORM_MERGES = {"cross_attention": "sum", "keys_values": "base"}
+# the closed-form merges (models.export.merge_regmean) and what each does with the changed parameters that are not
+# keys or values: sum their changes, or keep the base's
+CLOSED_FORM_MERGES = {"regmean": "sum", "keys_values": "base"}
 MERGES = ("sum", *CLOSED_FORM_MERGES)
+# a merge's former name -> its name; still read, with a warning
+RENAMED_MERGES = {"cross_attention": "regmean"}
 _ORDERS = 21  # the order draws' stream, apart from selection.py's (1-4) and the request's (11)
 # the issue's targets at the largest N / after the chain: every identity's FA at most this, retain ISM at least
 # this share of the original model's on the same samples
@@ -96,6 +99,15 @@ def identity_orders(cfg: dict, order: list[int], seed: int) -> list[list[int]]:
     draws = [[int(i) for i in np.random.default_rng([seed, _ORDERS, k]).choice(order, size=len(first), replace=False)]
              for k in range(1, cfg["orders"])]
     return [first, *draws]
+
+
+def merge_names(names: list[str]) -> list[str]:
+    """``many.merges`` with each former name (``RENAMED_MERGES``) read as its current name, with a warning saying so."""
+    for old in dict.fromkeys(n for n in names if n in RENAMED_MERGES):
+        warnings.warn(f"config key 'many.merges': {old!r} is the former name of the {RENAMED_MERGES[old]!r} merge (it "
+                      "solves RegMean's normal equations with UCE's preservation and ridge terms) and is read as "
+                      f"{RENAMED_MERGES[old]!r}; write {RENAMED_MERGES[old]!r}", FutureWarning, stacklevel=2)
+    return list(dict.fromkeys(RENAMED_MERGES.get(n, n) for n in names))
 
 
 def merge_sizes(cfg: dict) -> list[int]:
@@ -178,7 +190,7 @@ def replay_selections(labels: pd.DataFrame, centroids: pd.DataFrame, identities:
 
 def merge_conditions(generator, selections: list[dict], faces: pd.DataFrame, centroids: pd.DataFrame,
                      n_mixtures: int, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """What the closed-form merge fits (``models.export.merge_cross_attention``): per merged identity the
+    """What the closed-form merge fits (``models.export.merge_regmean``): per merged identity the
     conditions of its forget-train embeddings and ``n_mixtures`` Dirichlet mixtures of them (PIU Section 3.4, seeded
     per identity), and the conditions of the retain-train centroids of none of them (the preserved identities)."""
     emb, cents = ok_embeddings(faces), centroid_lookup(centroids)

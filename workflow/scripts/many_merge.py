@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 from idunlearn.experiment import load_generator
 from idunlearn.io import atomic_path, read_json, write_json
 from idunlearn.many import CLOSED_FORM_MERGES, merge_conditions
-from idunlearn.models.export import merge_changes, merge_cross_attention
+from idunlearn.models.export import merge_changes, merge_regmean
 from idunlearn.runlog import stage_log
 
 with stage_log(snakemake.log[0], "many_merge") as log:
@@ -22,8 +22,8 @@ with stage_log(snakemake.log[0], "many_merge") as log:
     else:
         conditions, preserve = merge_conditions(generator, selections, pd.read_parquet(i.faces),
                                                 pd.read_parquet(i.centroids), p.settings["merge_mixtures"], p.seed)
-        merged = merge_cross_attention(base, changed, conditions, preserve, p.settings["merge_preserve_weight"],
-                                       p.settings["merge_lambda"], others=CLOSED_FORM_MERGES[p.merge])
+        merged = merge_regmean(base, changed, conditions, preserve, p.settings["merge_preserve_weight"],
+                               p.settings["merge_lambda"], others=CLOSED_FORM_MERGES[p.merge])
     with atomic_path(out.changed) as tmp:  # the runs' file format: the new values of the parameters they changed
         save_file({name: tensor.contiguous() for name, tensor in merged.items()}, str(tmp))
     seconds = time.perf_counter() - started

@@ -194,15 +194,18 @@ def is_condition_projection(name: str) -> bool:
     return ".attn2.to_k." in name or ".attn2.to_v." in name
 
 
-def merge_cross_attention(base: dict[str, torch.Tensor], changed: list[dict[str, torch.Tensor]],
-                          conditions: list[torch.Tensor], preserve: torch.Tensor, preserve_weight: float,
-                          lam: float, others: str = "sum") -> dict[str, torch.Tensor]:
-    """A closed-form merge in the spirit of UCE (its objective and solution as PIU appendix C.2 eqs. 34-35 restate
-    them, with the runs' own projections as the targets): every cross-attention key and value weight W solves
-    min sum_j ||W C_j - W_j C_j||^2 / n_j + a ||W C_p - W_0 C_p||^2 / n_p + lam ||W - W_0||^2, i.e.
-    W = (sum_j W_j G_j + a W_0 G_p + lam W_0)(sum_j G_j + a G_p + lam I)^-1 with G = C^T C / n: on run j's own
-    conditions (``conditions[j]``, rows of condition tokens) the merged projection
-    gives what run j's does, on the ``preserve`` rows what the base's does. Every other changed parameter (queries,
+def merge_regmean(base: dict[str, torch.Tensor], changed: list[dict[str, torch.Tensor]],
+                  conditions: list[torch.Tensor], preserve: torch.Tensor, preserve_weight: float,
+                  lam: float, others: str = "sum") -> dict[str, torch.Tensor]:
+    """RegMean (Jin et al. 2023, "Dataless knowledge fusion by merging weights of language models", ICLR: each
+    linear layer's merged weight solves the least-squares problem of matching every model's outputs on that model's
+    own inputs, W = (sum_j W_j G_j)(sum_j G_j)^-1 with G_j = C_j^T C_j) on the cross-attention keys and values, with
+    UCE's two extra terms (PIU appendix C.2 eqs. 34-35): the base's outputs kept on preserved conditions and a ridge
+    pull toward the base. Every key and value weight W solves
+    min sum_j ||W C_j - W_j C_j||^2 / n_j + a ||W C_p - W_0 C_p||^2 / n_p + lam ||W - W_0||^2, i.e. the normal
+    equations W = (sum_j W_j G_j + a W_0 G_p + lam W_0)(sum_j G_j + a G_p + lam I)^-1 with G = C^T C / n: on run j's
+    own conditions (``conditions[j]``, rows of condition tokens) the merged projection gives what run j's does, on
+    the ``preserve`` rows what the base's does. Every other changed parameter (queries,
     outputs, anything that sees the image features) is the sum of changes (``merge_changes``) with ``others="sum"``,
     or keeps the base's value with ``others="base"`` (left out of the result: only keys and values change, as UCE
     edits them)."""
