@@ -75,7 +75,7 @@ rule audit_original:
         samples=results("audit", "before", "{identity}", "samples.parquet"),
         rows=results("audit", "before", "{identity}", "rows.parquet"),
     params:
-        probes=config["audit"]["probes"],
+        probes=audit_probes,
         second=config["audit"]["second_recognizer"],
         evaluation=evaluation_settings(),
         generator=config["generator"],
@@ -174,8 +174,16 @@ rule audit_tables:
         relearning_curves=report(results("figures", "audit", "relearning_curves.png"), category="Forgetting audit"),
         # every run against the removal targets under the held-out attacks (audit.targets)
         targets=report(results("tables", "audit_targets.csv"), category="Forgetting audit"),
+        # which audit attacks each run's method trains against (its declared training ranges; audit/heldout.py)
+        trained_against=report(results("tables", "audit_trained_against.csv"), category="Forgetting audit"),
+        # the worst-case relearning protocol (audit.probes.relearning_worstcase; empty when it is off): every cell
+        # beside the never-trained reference's, and per run and step count the worst case over lr and regime
+        worstcase=report(results("tables", "audit_worstcase.csv"), category="Forgetting audit"),
+        worstcase_summary=report(results("tables", "audit_worstcase_summary.csv"), category="Forgetting audit"),
     params:
         seed=config["seed"],
+        probes=config["audit"]["probes"],
+        training=lambda wc: audited_training(),
         verdict=config["audit"]["verdict"],
         reference=audit_reference(),
         pairs=audit_pairs(),

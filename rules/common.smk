@@ -4,6 +4,7 @@ import os
 
 import pandas as pd
 
+from idunlearn.audit.heldout import training_attacks
 from idunlearn.config import (controllable_runs, epsilon_boundary_runs, job_run_settings, job_settings, run_config,
                               tuned_base, validate_config)
 from idunlearn.models.export import unet_folder_files, unet_source_files
@@ -147,6 +148,25 @@ def audited(name):
         raise ValueError(f"config key 'audit.runs': unknown run(s) {unknown}; known: {run_names()} and the "
                          f"external models {list(external_models())}")
     return runs is None or name in runs
+
+
+def audit_probes(wildcards):
+    """An audit job's probes (config ``audit.probes``): the original model's job runs no worst-case relearning
+    protocol (its cells are read beside the never-trained reference, not the original), and the first
+    ``spread_identities`` forget identities get ``spread_seeds`` seeds of it. Without that probe the config's own."""
+    probes = config["audit"]["probes"]
+    if "relearning_worstcase" not in probes:
+        return probes
+    if not hasattr(wildcards, "run") and not hasattr(wildcards, "external"):  # the original model
+        return {name: cfg for name, cfg in probes.items() if name != "relearning_worstcase"}
+    cfg = probes["relearning_worstcase"]
+    spread = int(wildcards.identity) in forget_identities()[:cfg["spread_identities"]]
+    return {**probes, "relearning_worstcase": {**cfg, "seeds": cfg["spread_seeds"] if spread else cfg["seeds"]}}
+
+
+def audited_training():
+    """Audited run -> the attacks it trains against, from its settings (``audit.heldout.training_attacks``)."""
+    return {name: training_attacks(config, name) for name in [*run_names(), *external_models()] if audited(name)}
 
 
 def audit_reference():

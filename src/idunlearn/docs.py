@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .audit.tables import ORIGINAL, headline
+from .audit.relearning_worstcase import worstcase_markdown
+from .audit.tables import ORIGINAL, TRAINED_AGAINST, headline, marked
 from .config import load_schema
 from .evaluation.statistics import bootstrap_mean, mean_difference
 from .io import atomic_path, read_json
@@ -188,12 +189,20 @@ def _audit_runs(summary: pd.DataFrame, argument: str | None) -> list[str]:
 
 def render_audit_probes(results: Path, argument: str | None) -> str:
     """The audit's headline measures (``tables/audit_summary.csv``), one row per measure, one column per run:
-    mean over forget identities (95% identity-bootstrap interval)."""
+    mean over forget identities (95% identity-bootstrap interval), marked where the run's method trains against
+    the attack."""
     summary = _read(results, "tables", "audit_summary.csv")
     runs = _audit_runs(summary, argument)
     cells = summary.set_index(["run", "probe", "setting", "metric"])
-    rows = [[title, *(interval(*cells.loc[(run, probe, setting, metric), ["mean", "ci_low", "ci_high"]])
-                      if (run, probe, setting, metric) in cells.index else "-" for run in runs)]
+
+    def cell(key) -> str:
+        if key not in cells.index:
+            return "-"
+        row = cells.loc[key]
+        value = interval(*row[["mean", "ci_low", "ci_high"]])
+        return f"{TRAINED_AGAINST}: {value}" if marked(row) else value
+
+    rows = [[title, *(cell((run, probe, setting, metric)) for run in runs)]
             for probe, setting, metric, title in headline(summary)]
     return markdown_table(["measure", *(f"`{run}`" for run in runs)], rows)
 
@@ -241,7 +250,8 @@ def _against(row, side: str, columns: tuple[str, str, str] = ("mean_diff", "t_lo
 
 def render_audit_targets(results: Path, argument: str | None) -> str:
     """Per listed run (``tables/audit_targets.csv``): each removal target under the held-out attacks with the run's
-    mean (95% identity-bootstrap interval), whether the mean meets it and by how much it misses, a recovery target's
+    mean (95% identity-bootstrap interval), whether the mean meets it and by how much it misses (marked where the
+    run's method trains against the attack: no held-out result), a recovery target's
     mean over the identities the run forgot, and the run minus compare_to and minus the never-trained reference
     (Student-t interval, Holm-corrected Wilcoxon p)."""
     table = _read(results, "tables", "audit_targets.csv")
@@ -251,6 +261,7 @@ def render_audit_targets(results: Path, argument: str | None) -> str:
     for row in (r for run in runs for r in table[table["run"] == run].to_dict("records")):  # grouped by run
         sign = ">=" if row["kind"] == "retain_ratio" else "<="
         status = "met" if row["met"] else f"missed by {number(abs(row['margin']))}"
+        status = f"{TRAINED_AGAINST} ({status})" if marked(row) else status
         forgotten = ("-" if pd.isna(row.get("forgotten_n")) else f"{int(row['forgotten_n'])}: " + (
             interval(row["forgotten_mean"], row["forgotten_ci_low"], row["forgotten_ci_high"])
             if row["forgotten_n"] else "none"))
@@ -263,6 +274,16 @@ def render_audit_targets(results: Path, argument: str | None) -> str:
                            "identities it forgot: mean (95% interval)",
                            f"minus `{compare}` (t interval), Holm p", f"minus `{reference}` (t interval), Holm p"],
                           rows)
+
+
+def render_audit_worstcase(results: Path, argument: str | None) -> str:
+    """The worst-case relearning protocol's headline (``tables/audit_worstcase_summary.csv``) for the listed runs
+    (all by default): per run, metric and step count the worst held-out learning rate and regime and its excess over
+    the never-trained reference with paired intervals over identities."""
+    summary = _read(results, "tables", "audit_worstcase_summary.csv")
+    runs = _runs(argument) or sorted(summary["run"].unique())
+    _require_runs(summary, runs, "tables/audit_worstcase_summary.csv")
+    return worstcase_markdown(summary[summary["run"].isin(runs)], heading=False)
 
 
 EXTERNAL_ROWS = {"ism_forget": "forget ISM", "acc_forget": "forget samples identified as the person (nearest centroid)",
@@ -390,6 +411,7 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "audit.comparisons": render_audit_comparisons,
     "audit.pairs": functools.partial(render_audit_comparisons, table="audit_pairs.csv"),
     "audit.targets": render_audit_targets,
+    "audit.worstcase": render_audit_worstcase,
     "audit.evaluation": render_audit_evaluation,
     "evaluation.external": render_external_evaluation,
     "controllable.front": render_file_table("tables", "pareto_summary.csv"),

@@ -2,6 +2,8 @@ import os
 
 import pandas as pd
 
+from idunlearn.audit.heldout import mark_trained_against, trained_against
+from idunlearn.audit.relearning_worstcase import worstcase_cells, worstcase_markdown, worstcase_summary
 from idunlearn.audit.targets import audit_targets
 from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, plot_locality,
                                     plot_neighbourhood, plot_relearning_curves)
@@ -19,7 +21,9 @@ def job(path: str, original: bool) -> tuple[str, int, pd.DataFrame]:
 
 with stage_log(snakemake.log[0], "audit_tables"):
     i, out, params = snakemake.input, snakemake.output, snakemake.params
-    table = audit_table([job(p, True) for p in i.before] + [job(p, False) for p in i.after])
+    marks = trained_against(params.training, params.probes)
+    table = mark_trained_against(audit_table([job(p, True) for p in i.before] + [job(p, False) for p in i.after]),
+                                 marks)
     summary = audit_summary(table, params.seed)
     verdicts = identity_verdicts(table, **params.verdict)
     comparisons = paired_comparisons(table, params.reference, params.seed)
@@ -36,10 +40,15 @@ with stage_log(snakemake.log[0], "audit_tables"):
     write_csv(against_reference, out.against_reference)
     targets = audit_targets(table, params.targets, params.reference, params.verdict["reference"], params.seed, verdicts)
     write_csv(targets, out.targets)
+    write_csv(marks, out.trained_against)
+    cells = worstcase_cells(table, params.verdict["reference"])
+    worstcase = worstcase_summary(cells, params.verdict["reference"], params.seed)
+    write_csv(cells, out.worstcase)
+    write_csv(worstcase, out.worstcase_summary)
     with atomic_path(out.summary_md) as tmp:
         tmp.write_text(audit_markdown(summary, read_json(i.verification), table)
                        + verdict_markdown(verdicts, comparisons, params.verdict)
-                       + reference_markdown(against_reference))
+                       + reference_markdown(against_reference) + worstcase_markdown(worstcase))
     plot_neighbourhood(table, out.neighbourhood, params.seed)
     plot_locality(table, out.locality)
     plot_relearning_curves(table, out.relearning_curves, params.seed)

@@ -1,19 +1,41 @@
-"""Seeds of the held-out attacks: the strong embedding attack, the inversion attack and the relearning
-variants are never run inside any method's training, and they draw no random number that a training run could have
-drawn. Their seeds are hashed (numpy SeedSequence) from the config seed, a stream number of their own and the
-attack's name and index, so that they are never the run's seed, never a method's own stream (piu_robust's
-``adversarial_seed`` hashes the run's seed with stream 15) and never an evaluation or audit seed (the config seed
-plus offsets below a million); tests/test_audit_heldout.py checks the disjointness."""
+"""Held out means held out: which audit attacks a method never trained against, and the held-out attacks' seeds.
+
+Trained against. A method that runs an attack inside its training (piu_robust's embedding search, piu_meta's
+simulated relearning attacker) declares it in the schema (``x-trains-against`` of ``unlearning.defaults``): the kind
+of attack (its step function: ``embedding_search`` is unlearning/adversarial.py's search, ``relearning`` is
+unlearning/finetune.py's step), the data it trains on and the run settings holding its learning rate (a number or a
+[low, high] range). An audit attack is "trained against" for a run when the run's method declares an attack of the
+same kind on the same data whose learning rate range contains the audit attack's (``trained_against``), read from the
+run's settings as configured (a tuned run: every value its tuning grid may choose). Step counts, budgets, restarts and
+seeds do not make an attack held out: a longer search or fine-tuning passes through the steps the method trained
+against, and another seed draws from the same distribution; the seed streams are recorded beside the decision.
+
+Seeds. The held-out attacks (the strong embedding attack, inversion, the relearning variants and the worst-case
+relearning protocol) draw no random number that a training run could have drawn: their seeds are hashed (numpy
+SeedSequence) from the config seed, a stream number of their own and the attack's name and index, so that they are
+never the run's seed, never a method's own stream (piu_robust's ``adversarial_seed`` hashes the run's seed with stream
+15) and never an evaluation or audit seed (the config seed plus offsets below a million).
+"""
 
 from __future__ import annotations
 
+import functools
+import math
 import zlib
 
 import numpy as np
+import pandas as pd
+
+from ..config import load_schema, run_config, tuned_base
 
 HELDOUT_STREAM = 370  # the held-out attacks' seed stream beside the seed (piu_meta's attacker has 37, piu_robust's 15)
-HELDOUT_ATTACKS = ("attack_heldout", "inversion", "relearning_heldout")
+# appended to, never reordered: an attack's index is part of its seeds
+HELDOUT_ATTACKS = ("attack_heldout", "inversion", "relearning_heldout", "relearning_worstcase")
 HELDOUT_RELEARNING = "relearning_heldout"  # rows' probe: relearning_heldout:<variant> (relearning_heldout.py)
+WORSTCASE = "relearning_worstcase"  # rows' probe: relearning_worstcase:<regime>@<lr> (relearning_worstcase.py)
+FORGET_TRAIN = "forget_train"  # the data of an attack on the forget identity's forget-train photos
+TRAINED_COLUMNS = ["run", "probe", "attack", "lr", "data", "seeds", "trained_by", "trained_lr_low", "trained_lr_high",
+                   "trained_data", "trained_seeds", "trained_against"]
 
 
 def heldout_seed(seed: int, attack: str, key: int | str = 0) -> int:
@@ -25,3 +47,113 @@ def heldout_seed(seed: int, attack: str, key: int | str = 0) -> int:
     key = zlib.crc32(key.encode()) if isinstance(key, str) else key
     return int(np.random.SeedSequence([seed, HELDOUT_STREAM, HELDOUT_ATTACKS.index(attack), key])
                .generate_state(1)[0])
+
+
+def worstcase_probe(regime: str, lr: float) -> str:
+    """The rows' probe name of one (regime, learning rate) cell of the worst-case relearning protocol."""
+    return f"{WORSTCASE}:{regime}@{lr:g}"
+
+
+def worstcase_cell(probe: str) -> tuple[str, float]:
+    """(regime, learning rate) of a ``worstcase_probe`` name."""
+    regime, lr = probe[len(WORSTCASE) + 1:].split("@")
+    return regime, float(lr)
+
+
+@functools.lru_cache(maxsize=1)
+def _trains_against() -> dict:
+    return load_schema()["properties"]["unlearning"]["properties"]["defaults"]["x-trains-against"]
+
+
+def declared_training_attacks(method: str) -> dict[str, dict]:
+    """Kind -> declaration ({lr, switch, data, seeds}: setting names and descriptions) of every attack ``method`` trains
+    against, as the schema's ``x-trains-against`` declares it (``extends`` followed); {} for a method without an
+    entry."""
+    entry = _trains_against().get(method, {})
+    inherited = declared_training_attacks(entry["extends"]) if "extends" in entry else {}
+    return {**inherited, **entry.get("attacks", {})}
+
+
+def _values(value) -> list:
+    """The numbers of a setting's value: a number, a [low, high] range, or (a tuning grid's values) a list of them."""
+    if isinstance(value, (list, tuple)):
+        return [v for item in value for v in _values(item)]
+    return [] if value is None else [value]
+
+
+def training_attacks(config: dict, run: str) -> list[dict]:
+    """The attacks unlearning run ``run`` trains against, read from its settings in ``config`` (validated):
+    [{attack, lr_low, lr_high, data, setting, seeds}] (an inner attack switched off by its ``switch`` setting is
+    left out). A tuned run (``<run>.tuned``) may train at any value its tuning grid offers: the range covers them all.
+    An external model (not in unlearning.runs) trains against nothing."""
+    if run not in config["unlearning"]["runs"]:
+        return []
+    settings = run_config(config, run)
+    grid = config["tuning"]["methods"].get(tuned_base(run), {}).get("grid", {}) if tuned_base(run) else {}
+    attacks = []
+    for kind, declared in declared_training_attacks(settings["method"]).items():
+        switches = _values(settings[declared["switch"]]) + _values(grid.get(declared["switch"]))
+        if not any(switches):
+            continue
+        rates = _values(settings[declared["lr"]]) + _values(grid.get(declared["lr"]))
+        attacks.append({"attack": kind, "lr_low": float(min(rates)), "lr_high": float(max(rates)),
+                        "data": declared["data"], "setting": declared["lr"], "seeds": declared["seeds"]})
+    return attacks
+
+
+def audit_attacks(probes: dict) -> dict[str, dict]:
+    """Probe -> {attack, lr, data, seeds} of every enabled audit probe that is an attack a method could train against
+    (``probes``: the config's audit.probes): the embedding attacks, the relearning probe and its held-out variants
+    (on the forget identity; benign fine-tuning trains on other people's photos) and every worst-case cell."""
+    out = {}
+    if "attack" in probes:
+        out["attack"] = {"attack": "embedding_search", "lr": probes["attack"]["lr"], "data": FORGET_TRAIN,
+                         "seeds": "the config seed"}
+        if "attack_heldout" in probes:
+            out["attack_heldout"] = {**out["attack"], "seeds": "held-out stream"}
+    if "relearning" in probes:
+        base = probes["relearning"]["lr"]
+        out["relearning"] = {"attack": "relearning", "lr": base, "data": FORGET_TRAIN, "seeds": "the config seed"}
+        for name, variant in probes.get(HELDOUT_RELEARNING, {}).get("variants", {}).items():
+            out[f"{HELDOUT_RELEARNING}:{name}"] = {
+                "attack": "relearning", "lr": base * variant.get("lr_scale", 1.0),
+                "data": FORGET_TRAIN if variant.get("data", "forget") == "forget" else "benign",
+                "seeds": "held-out stream"}
+    if WORSTCASE in probes:
+        for lr in probes[WORSTCASE]["lrs"]:
+            for regime in probes[WORSTCASE]["regimes"]:
+                out[worstcase_probe(regime, lr)] = {"attack": "relearning", "lr": lr, "data": FORGET_TRAIN,
+                                                    "seeds": "held-out stream"}
+    return out
+
+
+def _inside(lr: float, low: float, high: float) -> bool:
+    """lr in [low, high], up to float rounding (0.1 x 1e-3 is 1e-4 here)."""
+    return (lr >= low or math.isclose(lr, low, rel_tol=1e-9)) and (lr <= high or math.isclose(lr, high, rel_tol=1e-9))
+
+
+def trained_against(training: dict[str, list[dict]], probes: dict) -> pd.DataFrame:
+    """One row per (run, audit attack) (``training``: run -> ``training_attacks``; ``probes``: audit.probes):
+    the attack's kind, learning rate, data and seeds, the run's matching training attack (the one of the same kind,
+    if any: its setting, range, data and seeds) and whether the attack is trained against: same kind, same data,
+    learning rate inside the range (``TRAINED_COLUMNS``)."""
+    records = []
+    for run, attacks in sorted(training.items()):
+        for probe, spec in sorted(audit_attacks(probes).items()):
+            same = [a for a in attacks if a["attack"] == spec["attack"]]
+            hit = [a for a in same if a["data"] == spec["data"] and _inside(spec["lr"], a["lr_low"], a["lr_high"])]
+            shown = (hit or same or [None])[0]
+            records.append({"run": run, "probe": probe, **spec, "trained_by": shown and shown["setting"],
+                            "trained_lr_low": shown["lr_low"] if shown else np.nan,
+                            "trained_lr_high": shown["lr_high"] if shown else np.nan,
+                            "trained_data": shown and shown["data"], "trained_seeds": shown and shown["seeds"],
+                            "trained_against": bool(hit)})
+    return pd.DataFrame.from_records(records, columns=TRAINED_COLUMNS)
+
+
+def mark_trained_against(table: pd.DataFrame, marks: pd.DataFrame) -> pd.DataFrame:
+    """The audit ``table`` with a ``trained_against`` column: true on the rows of a (run, probe) that ``marks``
+    (``trained_against``) calls trained against, false elsewhere (every other probe, the original model, external
+    models)."""
+    hit = set(map(tuple, marks.loc[marks["trained_against"], ["run", "probe"]].to_numpy()))
+    return table.assign(trained_against=[(run, probe) in hit for run, probe in zip(table["run"], table["probe"])])

@@ -19,9 +19,9 @@ from ..identities import centroid_lookup
 
 AUDIT_SEED_OFFSET = 200_000  # audit sample i uses seed + 200000 + i: apart from the evaluation's seeds
 # relearning, trajectory and attack take no conditions from here (relearning.py, trajectory.py, attack.py), nor do the
-# held-out attacks (attack.py's attack_heldout, inversion.py, relearning_heldout.py)
+# held-out attacks (attack.py's attack_heldout, inversion.py, relearning_heldout.py, relearning_worstcase.py)
 PROBES = ("leak", "photo", "neighbourhood", "relearning", "trajectory", "attack", "attack_heldout", "inversion",
-          "relearning_heldout")
+          "relearning_heldout", "relearning_worstcase")
 
 
 def control_identity(selection: dict, faces: pd.DataFrame, labels: pd.DataFrame) -> tuple[int, list[str]]:

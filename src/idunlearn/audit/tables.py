@@ -19,7 +19,8 @@ from ..io import save_figure  # noqa: E402
 from .heldout import HELDOUT_RELEARNING  # noqa: E402
 
 ORIGINAL = "original"  # the run name of the original model's audit (the control)
-SUMMARY_COLUMNS = ["run", "probe", "setting", "metric", "mean", "ci_low", "ci_high", "n_identities"]
+SUMMARY_COLUMNS = ["run", "probe", "setting", "metric", "mean", "ci_low", "ci_high", "n_identities",
+                   "trained_against"]
 
 
 def audit_table(jobs: list[tuple[str, int, pd.DataFrame]]) -> pd.DataFrame:
@@ -33,14 +34,18 @@ def audit_table(jobs: list[tuple[str, int, pd.DataFrame]]) -> pd.DataFrame:
 def audit_summary(table: pd.DataFrame, seed: int) -> pd.DataFrame:
     """Per (run, probe, setting, metric): the mean over forget identities with its identity-bootstrap interval.
     Locality rows are per retain identity, not per setting: they are summarised in the plot, not here; the worst
-    photo is summarised as the mean over identities of each identity's worst photo."""
+    photo is summarised as the mean over identities of each identity's worst photo. ``trained_against``: whether the
+    run's method trains against the probe (the table's column, audit/heldout.py; false without it)."""
     part = table[table["probe"] != "locality"].copy()
+    if "trained_against" not in part:
+        part["trained_against"] = False
     part.loc[part["setting"].str.startswith("worst:"), "setting"] = "worst"
     records = []
     for (run, probe, setting, metric), group in part.groupby(["run", "probe", "setting", "metric"], sort=True):
         mean, low, high = bootstrap_mean(group["value"], seed)
         records.append({"run": run, "probe": probe, "setting": setting, "metric": metric, "mean": mean,
-                        "ci_low": low, "ci_high": high, "n_identities": int(group["identity"].nunique())})
+                        "ci_low": low, "ci_high": high, "n_identities": int(group["identity"].nunique()),
+                        "trained_against": bool(group["trained_against"].any())})
     return pd.DataFrame.from_records(records, columns=SUMMARY_COLUMNS)
 
 
@@ -81,10 +86,19 @@ def heldout_headline(summary: pd.DataFrame, ks) -> list[tuple[str, str, str, str
                f"recovery {v} (k={ks(f'{HELDOUT_RELEARNING}:{v}')[-1]})") for v in variants]]
 
 
+TRAINED_AGAINST = "trained against"  # a cell whose attack the run's method trains against: not a held-out result
+
+
 def _cell(row) -> str:
-    if np.isnan(row["ci_low"]):
-        return f"{row['mean']:.2f}"
-    return f"{row['mean']:.2f} ({row['ci_low']:.2f} to {row['ci_high']:.2f})"
+    value = (f"{row['mean']:.2f}" if np.isnan(row["ci_low"]) else
+             f"{row['mean']:.2f} ({row['ci_low']:.2f} to {row['ci_high']:.2f})")
+    return f"{TRAINED_AGAINST}: {value}" if marked(row) else value
+
+
+def marked(row) -> bool:
+    """Whether a summary row (or a target row) is trained against; false where the column is absent (tables
+    written before it existed)."""
+    return str(row.get("trained_against", False)) == "True"
 
 
 def audit_markdown(summary: pd.DataFrame, tau: dict, table: pd.DataFrame | None = None) -> str:
@@ -123,13 +137,15 @@ def audit_markdown(summary: pd.DataFrame, tau: dict, table: pd.DataFrame | None 
               "own condition; attack success: share of the samples drawn from the attack's condition that are "
               "verified as the forget identity. 2nd recognizer: the same samples verified by an independent recognizer "
               "(dlib's ResNet descriptor, its own centroids and threshold at the same false-accept rate) that no "
-              "method and no attack uses. Held-out attacks (never inside any method's training, seeds of their "
-              "own): the embedding attack at a multiple of the budget with more restarts; inversion FA: real "
+              "method and no attack uses. Held-out attacks (seeds of their own; held out for a run unless marked "
+              "trained against): the embedding attack at a multiple of the budget with more restarts; inversion FA: real "
               "forget-validation photos inverted to noise by the model (DDIM) and regenerated; recovery <variant>: "
               "the relearning "
               "variants (learning rate x0.1 / x10, LoRA on the cross-attention, benign fine-tuning on other people's "
-              "photos), curves in figures/audit/relearning_curves.png. The original model's row is the control: what "
-              "there was to forget."]
+              "photos), curves in figures/audit/relearning_curves.png. A cell marked \"trained against\" is an "
+              "attack the run's method trains against (same step function and data, learning rate inside its "
+              "training range: tables/audit_trained_against.csv): it is shown, but it is no held-out result for "
+              "that run. The original model's row is the control: what there was to forget."]
     return "\n".join(lines) + "\n"
 
 

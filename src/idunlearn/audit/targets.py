@@ -14,6 +14,10 @@ Recovery divides by the ISM gap unlearning opened, which is small where the ligh
 there it can read well above 1 (relearning past the original) and pull the mean up: every recovery target also gives
 its mean over the identities the run forgot under the light probes alone (verdict other than "not forgotten";
 ``forgotten_*`` columns). ``met`` reads the mean over all identities, as the targets are stated.
+
+A target whose attack the run's method trains against (same step function and data, learning rate inside its
+training range: audit/heldout.py, the table's ``trained_against`` column) is marked ``trained_against``: its value is
+kept, but it is no held-out result for that run and is no part of what the run is said to meet.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ ATTACK_TARGETS = {("attack_heldout", "best", "fa"): "held-out embedding attack s
                   ("inversion", "regenerated", "fa"): "inversion attack success"}
 AGAINST = ("compare", "reference")  # column prefixes of the two pairings
 TARGET_COLUMNS = ["run", "target", "probe", "setting", "metric", "kind", "bound", "n", "mean", "ci_low", "ci_high",
-                  "met", "margin", "forgotten_n", "forgotten_mean", "forgotten_ci_low", "forgotten_ci_high",
+                  "met", "margin", "trained_against", "forgotten_n", "forgotten_mean", "forgotten_ci_low", "forgotten_ci_high",
                   *[f"{side}_{column}" for side in AGAINST
                     for column in ("run", "n", "mean_diff", "t_low", "t_high", "p_wilcoxon", "p_holm")]]
 
@@ -61,6 +65,8 @@ def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, re
         if verdict != NOT_FORGOTTEN}
     records = []
     runs = sorted(set(table["run"]) - {ORIGINAL})
+    marked = (set() if "trained_against" not in table else
+              set(map(tuple, table.loc[table["trained_against"].astype(bool), ["run", "probe"]].to_numpy())))
     for name, probe, setting, metric, kind, bound in target_rows(table, targets):
         values = row_values(table, probe, setting, metric)
         measured = set(values.index.get_level_values("run"))
@@ -78,7 +84,7 @@ def audit_targets(table: pd.DataFrame, targets: dict, compare_to: str | None, re
                 margin = bound - mean
             record = {"run": run, "target": name, "probe": probe, "setting": setting, "metric": metric, "kind": kind,
                       "bound": bound, "n": n, "mean": mean, "ci_low": low, "ci_high": high,
-                      "met": bool(margin >= 0), "margin": margin}
+                      "met": bool(margin >= 0), "margin": margin, "trained_against": (run, probe) in marked}
             if metric == "recovery" and verdicts is not None:
                 on_forgotten = own[[(run, int(identity)) in forgotten for identity in own.index]]
                 record.update(zip(("forgotten_mean", "forgotten_ci_low", "forgotten_ci_high"),
