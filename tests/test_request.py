@@ -250,7 +250,7 @@ def test_the_documented_command_for_your_own_photos_reads_your_folder(tmp_path):
     assert words[:3] == [".venv/bin/snakemake", "--cores", "2"] and words[3] == "--config", words
     key, _, value = words[4].partition("=")
     request = yaml.safe_load(value)
-    assert key == "request" and request["folder"] == "path/to/your/photos", words[4]
+    assert key == "request" and request["folder"] == "<path/to/your/photos>", words[4]
     photos = tmp_path / "my photos"
     photos.mkdir()
     Image.new("RGB", (64, 64)).save(photos / "me.jpg")
