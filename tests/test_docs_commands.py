@@ -272,14 +272,15 @@ def _hf_flags() -> set[str]:
     return set(re.findall(r"(--[\w-]+)", text)) | {"-h", "-q"}
 
 
-RULE = re.compile(r"^(?:rule|checkpoint) (\w+)", re.M)
+RULE = re.compile(r"^(?:(?:rule|checkpoint) (\w+)|use rule \w+ as (\w+))", re.M)
 
 
 def rule_names() -> set[str]:
-    return {name for f in [REPO / "Snakefile", *(REPO / "rules").glob("*.smk")] for name in RULE.findall(f.read_text())}
+    return {name for f in [REPO / "Snakefile", *(REPO / "rules").glob("*.smk")]
+            for names in RULE.findall(f.read_text()) for name in names if name}
 
 
-PLACEHOLDER = re.compile(r"<[^>]*>|^[A-Z]$")  # `<id>`, `--threads T`: the reader fills them in
+PLACEHOLDER = re.compile(r"^<|>$|^[A-Z]$")  # `<id>`, `--threads T`: the reader fills them in
 
 
 def check(command: str, folder: Path, copyable: bool = True) -> tuple[bool, str]:
@@ -395,12 +396,15 @@ def test_a_broken_command_fails_its_check(tmp_path):
     folder = scratch_world(tmp_path)
     assert check(".venv/bin/snakemake no_such_target --cores 2", folder)[0] is False
     assert check(".venv/bin/snakemake --cores 2 --configfile config/nope.yaml", folder)[0] is False
-    assert check(".venv/bin/python -m idunlearn docs --result results/", folder)[0] is False
+    assert check(".venv/bin/python -m idunlearn docs --no-such-flag results/", folder)[0] is False
+    assert check(".venv/bin/python -m idunlearn archive keep --archive x", folder)[0] is False  # not a choice
     assert check(".venv/bin/python -m idunlearn archive restore --archive x", folder)[0] is True
     assert check("make no-such-target", folder)[0] is False
     assert check("huggingface-cli download x", folder)[0] is False
     assert check("hf download x/y --revision abc --no-such-flag", folder)[0] is False
     assert check("hf download x/y --repo-type dataset --revision abc --include 'data/*'", folder)[0] is True
+    assert check("snakemake no_such_rule", folder, copyable=False)[0] is False
+    assert check("snakemake train_generator_reference", folder, copyable=False)[0] is True
 
 
 if __name__ == "__main__":  # the fixture's subprocess: check every command of the request, write the outcomes
