@@ -4,6 +4,7 @@ only on the people it never saw, and verdicts against it."""
 
 import copy
 import importlib
+import types
 
 import numpy as np
 import pandas as pd
@@ -11,45 +12,56 @@ import pytest
 import torch
 from tiny_world import tiny_generator
 
-from idunlearn.audit.heldout import HELDOUT_ATTACKS, heldout_seed
+from idunlearn.audit.heldout import heldout_seed
 from idunlearn.audit.inversion import ddim_invert, ddim_regenerate
 from idunlearn.audit.lora import add_cross_attention_lora
-from idunlearn.audit.probes import AUDIT_SEED_OFFSET
 from idunlearn.audit.relearning import relearn
-from idunlearn.audit.verdicts import HIDDEN, REMOVED, identity_verdicts, reference_comparisons
+from idunlearn.audit.verdicts import HIDDEN, REMOVED, UNDETERMINED, identity_verdicts, reference_comparisons
 from idunlearn.config import ConfigError, load_config
 from idunlearn.experiment import load_generator
 from idunlearn.models.mini import save_mini_generator
 from idunlearn.unlearning.piu_robust import adversarial_seed
 
-CONFIG_SEEDS = range(200)
-SAMPLES = 1000  # at most this many samples per attack draw consecutive seeds from one held-out seed
+def heldout_variant_seeds(monkeypatch, seed: int, variants: dict) -> dict[str, int]:
+    """variant -> the seed its fine-tuning ran from, with relearn, the measurement and the images stood in for."""
+    from idunlearn.audit import relearning_heldout
+
+    seen = {}
+
+    def relearn_stub(model, latents, embeddings, checkpoints, cfg, variant_seed, measure, params=None, initial=None):
+        seen[len(seen)] = variant_seed
+        return [{"k": k, "ism": 0.5, "fa": 0.0} for k in sorted(checkpoints)]
+
+    monkeypatch.setattr(relearning_heldout, "relearn", relearn_stub)
+    monkeypatch.setattr(relearning_heldout, "forget_measure", lambda *args: (lambda g: {"ism": 0.5, "fa": 0.0}, 4))
+    monkeypatch.setattr(relearning_heldout, "image_pairs", lambda model, manifest, faces, images: (None, None))
+    monkeypatch.setattr(relearning_heldout, "add_cross_attention_lora", lambda unet, rank, adapter_seed: [])
+    monkeypatch.setattr(relearning_heldout, "benign_images", lambda selection, faces, labels, n: ["x"] * n)
+    generator = types.SimpleNamespace(unet=types.SimpleNamespace(eval=lambda: None))
+    relearning_heldout.heldout_relearning_rows(
+        generator, None, {"forget_train_images": ["a", "b"]}, None, None, None, None, {}, {"images": 2, "lr": 1e-4},
+        {"steps": [0, 10], "variants": variants}, tau=0.4, seed=seed, ism_before=0.7)
+    return dict(zip(sorted(variants), seen.values()))  # variants run in name order
 
 
-def training_seeds(seed: int) -> set[int]:
-    """Every seed an unlearning job under config seed ``seed`` draws from: the run loop's and the method's own
-    streams (piu_robust's inner attack; the relearning-resistant method's simulated attacker where it exists)."""
-    seeds = {seed, adversarial_seed(seed)}
-    try:
-        seeds.add(importlib.import_module("idunlearn.unlearning.piu_meta").meta_seed(seed))
-    except ModuleNotFoundError:
-        pass
-    return seeds
-
-
-def test_heldout_seeds_are_disjoint_from_every_training_seed():
-    keys = (0, 1, 10, 11, "lr_x1", "lr_x0.1", "lr_x10", "lora_r4", "benign")
-    for seed in CONFIG_SEEDS:
-        starts = np.array(sorted(heldout_seed(seed, attack, key) for attack in HELDOUT_ATTACKS for key in keys),
-                          dtype=np.int64)
-        # clear of the evaluation's and the audit's seeds (the config seed plus offsets below a million) ...
-        assert (starts > seed + 5 * AUDIT_SEED_OFFSET).all()
-        # ... and each stream's block of consecutive sample seeds clear of the others' and of every training seed
-        assert (np.diff(starts) >= SAMPLES).all(), seed
-        for value in training_seeds(seed):
-            index = np.searchsorted(starts, value, side="right") - 1
-            assert index < 0 or value >= starts[index] + SAMPLES, (seed, value)
-    assert heldout_seed(0, "inversion") == heldout_seed(0, "inversion")  # deterministic
+def test_heldout_relearning_variants_run_from_their_own_heldout_seeds(monkeypatch):
+    """Each variant fine-tunes from the seed hashed from its own name on the held-out stream: never the run's or the
+    audit relearning probe's seed (the config seed), never another variant's, never a training stream's (piu_robust's
+    inner attack, piu_meta's simulated attacker), and unchanged when a variant is added."""
+    variant = {"lr_scale": 1.0, "lora_rank": None, "data": "forget"}
+    names = {"lr_x1": variant, "lr_x10": {**variant, "lr_scale": 10.0}, "lora_r4": {**variant, "lora_rank": 4},
+             "benign": {**variant, "data": "benign"}}
+    for seed in (0, 1, 12345):
+        seeds = heldout_variant_seeds(monkeypatch, seed, names)
+        assert seeds == {name: heldout_seed(seed, "relearning_heldout", name) for name in names}
+        assert len(set(seeds.values())) == len(names)
+        training = {seed, adversarial_seed(seed), importlib.import_module("idunlearn.unlearning.piu_meta").meta_seed(seed)}
+        assert not training & set(seeds.values())
+        more = heldout_variant_seeds(monkeypatch, seed, {**names, "lr_x3": {**variant, "lr_scale": 3.0}})
+        assert {name: more[name] for name in names} == seeds
+    # the stream differs with the config seed and with the attack's name
+    assert heldout_seed(0, "relearning_heldout", "lr_x1") != heldout_seed(1, "relearning_heldout", "lr_x1")
+    assert heldout_seed(0, "relearning_heldout", 0) != heldout_seed(0, "inversion", 0)
     with pytest.raises(ValueError, match="held-out attack 'attack' is unknown"):
         heldout_seed(0, "attack")
 
@@ -179,20 +191,46 @@ def test_verdicts_compare_with_the_never_trained_reference():
     rows += [r for i in identities for r in audit_rows("hides", i, 8, leak=0.75 + 0.05 * i)]
     rows += [r for i in identities for r in audit_rows("removes", i, 3, leak=0.25 + 0.01 * (i % 2))]
     table = pd.DataFrame(rows)
-    rule = {"light_max_fa": 0.1, "recovered_min_fa": 0.3}
+    rule = {"light_max_fa": 0.1, "recovered_min_fa": 0.5}
     absolute = identity_verdicts(table, **rule).set_index("run")["verdict"]
     relative = identity_verdicts(table, **rule, reference="retrain").set_index("run")["verdict"]
-    # 3 of 8 clears the absolute bar 0.3 but is what the never-trained model gives too: removed, not hidden
-    assert set(absolute.loc["removes"]) == {HIDDEN} and set(relative.loc["removes"]) == {REMOVED}
+    # 3 of 8 stays below the bar 0.5 and is what the never-trained model gives too, but with 8 samples per arm the
+    # equivalence test cannot show it within 0.1 of retrain's 3 of 8 (upper bound 0.46): undetermined, not removed
+    assert set(absolute.loc["removes"]) == {REMOVED} and set(relative.loc["removes"]) == {UNDETERMINED}
     assert set(relative.loc["hides"]) == {HIDDEN}
     assert set(relative.loc["retrain"]) == set(absolute.loc["retrain"])  # the reference itself: absolute rule
     compared = reference_comparisons(table, "retrain", seed=0).set_index(["run", "probe", "metric"])
     assert compared.loc[("hides", "leak", "leak"), "finding"] == "above"
     assert compared.loc[("removes", "attack", "fa"), "finding"] == "as the reference"
-    assert (compared["p_holm"] >= compared["p_wilcoxon"] - 1e-12).all()
     assert reference_comparisons(table, None, seed=0).empty
     single = reference_comparisons(table[table["identity"] == 0], "retrain", seed=0)
     assert set(single["finding"]) == {"no interval (fewer than 2 identities)"}
+
+
+def test_reference_comparisons_holm_correct_within_each_run(monkeypatch):
+    """Each run's comparisons are one Holm family: the published example's p-values (Wikipedia's Holm-Bonferroni
+    example: 0.01, 0.04, 0.03, 0.005 -> 0.03, 0.06, 0.06, 0.02) given to one run's four comparisons come back
+    adjusted as published, whatever the other run's p-values."""
+    from idunlearn.audit import verdicts
+
+    table = pd.DataFrame([r for i in range(6) for run, hits in (("original", 8), ("retrain", 1), ("hides", 7),
+                                                                  ("other", 2)) for r in audit_rows(run, i, hits)])
+    published = {0.01: 0.03, 0.04: 0.06, 0.03: 0.06, 0.005: 0.02}
+    given = {"hides": [0.01, 0.04, 0.03, 0.005], "other": [0.001, 0.5, 0.9, 0.2]}
+    real = verdicts.paired_comparisons
+
+    def with_given_p(table, reference, seed):
+        compared = real(table, reference, seed)
+        for run, values in given.items():
+            rows = compared.index[compared["run"] == run]
+            compared.loc[rows, "p_wilcoxon"] = values  # leak, attack FA and ISM, evaluation FA
+        return compared
+
+    monkeypatch.setattr(verdicts, "paired_comparisons", with_given_p)
+    compared = verdicts.reference_comparisons(table, "retrain", seed=0)
+    hides = compared[compared["run"] == "hides"]
+    for raw, adjusted in zip(hides["p_wilcoxon"], hides["p_holm"]):
+        assert adjusted == pytest.approx(published[raw]), (raw, adjusted)
 
 
 def test_audit_page_shows_the_heldout_attacks_their_controls_and_the_recovery_curves(tmp_path):

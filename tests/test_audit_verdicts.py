@@ -3,14 +3,15 @@
 import numpy as np
 import pandas as pd
 import pytest
-
 import yaml
+from scipy import stats
 
 from conftest import REPO
 from idunlearn.audit.verdicts import (DECIDE_COMMAND, HIDDEN, HIDDEN_FIRST_ONLY, NO_ATTACK, NOT_FORGOTTEN, REMOVED,
-                                      UNDETERMINED, WEAK_ATTACK, identity_verdicts, paired_comparisons,
-                                      run_verdict_lines, verdict_markdown)
+                                      UNDETERMINED, WEAK_ATTACK, decide_note, identity_verdicts, paired_comparisons,
+                                      run_verdict_lines, small_gap_line, verdict_markdown)
 from idunlearn.config import load_config
+from idunlearn.evaluation.statistics import equivalence_samples
 
 RULE = {"light_max_fa": 0.1, "recovered_min_fa": 0.5}
 
@@ -124,3 +125,76 @@ def test_retain_ism_change_is_compared_as_the_sample_weighted_mean_of_the_locali
     row = compared.set_index(["probe", "setting", "metric"]).loc[("locality", "mean", "ism_delta")]
     # piu: (3 x -0.02 + 0) / 4 = -0.015; robust: (3 x -0.06 + 0.04) / 4 = -0.035; difference -0.02
     assert row["n"] == 1 and row["mean_diff"] == pytest.approx(-0.02)
+
+
+def counted(run: str, identity: int, hits: int, samples: int, second: int | None = None) -> list[dict]:
+    """Rows of a forgotten identity whose attack verified ``hits`` of ``samples`` (``second``: under the second
+    recognizer too)."""
+    values = {**light(), "attack__best__fa": hits / samples}
+    if second is not None:
+        values["attack__best__fa_second"] = second / samples
+    return [{**row, "n": samples} for row in rows(run, identity, **values)]
+
+
+def test_failing_to_show_hidden_is_not_removal():
+    # retrain 1 of 8, the run 5 of 8: the one-sided Fisher test the old rule read says p = 0.059 (not below 0.05),
+    # so it called the run removed although 5 of 8 is past recovered_min_fa 0.5
+    assert stats.fisher_exact([[5, 3], [1, 7]], alternative="greater")[1] == pytest.approx(0.0594, abs=1e-4)
+    table = pd.DataFrame([*original(1, 0.7), *original(2, 0.7), *counted("retrain", 1, 1, 8),
+                          *counted("retrain", 2, 1, 8), *counted("piu", 1, 5, 8), *counted("piu", 2, 3, 8)])
+    verdicts = identity_verdicts(table, **RULE, reference="retrain").set_index(["run", "identity"])
+    assert verdicts.loc[("piu", 1), "verdict"] == HIDDEN  # the absolute bar fires
+    # 3 of 8 against 1 of 8: neither test fires, and 8 samples cannot show equivalence: undetermined, with why
+    assert verdicts.loc[("piu", 2), "verdict"] == UNDETERMINED
+    reason = verdicts.loc[("piu", 2), "reason"]
+    # retrain's pooled rate 2 / 16 = 0.125: the smallest n with 80% power at margin 0.1 (statistics.equivalence_samples)
+    needed = equivalence_samples(0.125, 0.1, 0.8)
+    assert reason.startswith("8 attack samples per arm cannot show equivalence") and f"{needed} per arm" in reason
+    assert verdicts.loc[("piu", 2), "samples_needed"] == needed and verdicts.loc[("piu", 2), "samples"] == 8
+    # the reference itself is judged by the absolute rule and the control: removed
+    assert verdicts.loc[("retrain", 1), "verdict"] == REMOVED
+    note = decide_note(verdicts.reset_index())
+    assert any(f"audit.probes.attack.samples: {needed}" in line for line in note)
+
+
+def test_removal_shown_with_enough_samples_and_the_bar_on_either_recognizer():
+    table = pd.DataFrame([*original(1, 0.7), *original(2, 0.7), *original(3, 0.7),
+                          *counted("retrain", 1, 2, 100, 2), *counted("retrain", 2, 2, 100, 2),
+                          *counted("retrain", 3, 2, 100, 1),
+                          *counted("piu", 1, 3, 100, 2),  # upper bound 0.055 under both: shown within 0.1
+                          *counted("piu", 2, 7, 100, 2),  # Fisher p 0.085, upper bound 0.106: not shown
+                          *counted("piu", 3, 60, 100, 55)])  # both past the bar: hidden under both recognizers
+    verdicts = identity_verdicts(table, **RULE, reference="retrain").set_index(["run", "identity"])
+    assert verdicts.loc[("piu", 1), "verdict"] == REMOVED
+    assert verdicts.loc[("piu", 1), "upper_difference"] == pytest.approx(0.05475, abs=1e-4)
+    assert verdicts.loc[("piu", 2), "verdict"] == UNDETERMINED
+    assert verdicts.loc[("piu", 2), "reason"].startswith("the attack's success is not shown within 0.1")
+    assert verdicts.loc[("piu", 3), "verdict"] == HIDDEN
+    # where the reference too is past the bar (50 of 100 under both recognizers), Fisher does not fire (60 against 50:
+    # p 0.10; 55 against 50: p 0.28) and the old rule, which read Fisher alone once the reference was audited, called
+    # the run removed; the absolute bar still fires
+    generalises = table.copy()
+    generalises.loc[(generalises["run"] == "retrain") & (generalises["identity"] == 3)
+                    & (generalises["probe"] == "attack"), "value"] = 0.5
+    assert stats.fisher_exact([[60, 40], [50, 50]], alternative="greater")[1] > 0.05
+    again = identity_verdicts(generalises, **RULE, reference="retrain").set_index(["run", "identity"])
+    assert again.loc[("piu", 3), "verdict"] == HIDDEN
+
+
+def test_without_a_reference_a_run_past_the_bar_is_never_removed(table):
+    for reference in (None, "missing"):
+        verdicts = identity_verdicts(table, **RULE, reference=reference)
+        past = verdicts[verdicts["attack_fa"] >= RULE["recovered_min_fa"]]
+        assert len(past) and REMOVED not in set(past["verdict"])
+        assert verdicts["samples_needed"].isna().all() and verdicts["upper_difference"].isna().all()
+
+
+def test_verdict_table_lists_identities_whose_recovery_gap_is_too_small(table):
+    gaps = pd.DataFrame([{"run": "piu", "identity": i, "probe": "relearning", "setting": "k=0", "metric": "gap",
+                          "value": gap, "ci_low": np.nan, "ci_high": np.nan, "n": 8, "cosine": np.nan}
+                         for i, gap in ((1, 0.4), (2, 0.05), (3, -0.02))])
+    verdicts = identity_verdicts(pd.concat([table, gaps], ignore_index=True), **RULE, recovery_min_gap=0.1)
+    line = small_gap_line(verdicts)
+    assert "at least 0.1" in line and "listed and not averaged: `piu` 2 (+0.05)." in line
+    assert line.endswith("counts as full recovery (a failure): `piu` 3 (-0.02).")
+    assert small_gap_line(identity_verdicts(table, **RULE)) == ""

@@ -5,9 +5,10 @@ import pandas as pd
 import pytest
 
 from idunlearn.evaluation.identity import accuracy, srk
-from idunlearn.evaluation.statistics import (bootstrap_mean, bootstrap_pooled, holm, mean_ci, mean_difference,
-                                             paired_differences,
-                                             pooled_difference, pooled_srk, sample_counts, verdict, wilcoxon_p)
+from idunlearn.evaluation.statistics import (bootstrap_mean, bootstrap_pooled, difference_upper_bound,
+                                             equivalence_power, equivalence_samples, holm, mean_ci, mean_difference,
+                                             newcombe_interval, paired_differences, pooled_difference, pooled_srk,
+                                             sample_counts, verdict, wilcoxon_p)
 
 
 def samples(forget_identity: int, forget_hits: int, retain_hits: int, n: int = 4) -> pd.DataFrame:
@@ -108,6 +109,52 @@ def test_holm_step_down_by_hand():
     assert np.allclose(holm([0.01, 0.04, 0.03, np.nan]), [0.03, 0.06, 0.06, np.nan], equal_nan=True)
     assert np.allclose(holm([0.5, 0.6]), [1.0, 1.0])
     assert holm([]).size == 0
+
+
+def test_holm_on_a_published_example():
+    # Wikipedia's Holm-Bonferroni example (four hypotheses, alpha 0.05): p1 0.01, p2 0.04, p3 0.03, p4 0.005; the
+    # procedure rejects H4 and H1 and stops at H3 (0.03 > 0.05 / 2). Adjusted: 4 x 0.005, 3 x 0.01, then the running
+    # maximum of 2 x 0.03 and 1 x 0.04
+    adjusted = holm([0.01, 0.04, 0.03, 0.005])
+    assert np.allclose(adjusted, [0.03, 0.06, 0.06, 0.02])
+    assert list(adjusted < 0.05) == [True, False, False, True]
+
+
+# Newcombe (1998), Statistics in Medicine 17:873-890, Table II, method 10 (hybrid score), 95% intervals
+NEWCOMBE_TABLE_II = [((56, 70, 48, 80), (0.0524, 0.3339)), ((9, 10, 3, 10), (0.1705, 0.8090)),
+                     ((5, 56, 0, 29), (-0.0381, 0.1926)), ((0, 10, 0, 20), (-0.1611, 0.2775)),
+                     ((10, 10, 0, 20), (0.6791, 1.0000))]
+
+
+def test_newcombe_hybrid_score_interval_reproduces_newcombes_table():
+    for counts, published in NEWCOMBE_TABLE_II:
+        assert np.allclose(newcombe_interval(*counts, z=1.959964), published, atol=5e-5), counts
+        # each end of the two-sided 95% interval is a one-sided 97.5% bound
+        assert difference_upper_bound(*counts, confidence=0.975) == pytest.approx(published[1], abs=5e-5)
+
+
+def test_equivalence_power_agrees_with_simulation():
+    rng = np.random.default_rng(7)
+    draws = 40_000
+    for n, rate, margin in ((8, 0.3, 0.4), (42, 0.021, 0.1), (60, 0.2, 0.15)):
+        run, reference = rng.binomial(n, rate, draws), rng.binomial(n, rate, draws)
+        simulated = np.mean(difference_upper_bound(run, n, reference, n) <= margin)
+        exact = equivalence_power(n, rate, margin)
+        assert abs(simulated - exact) < 4 * np.sqrt(exact * (1 - exact) / draws) + 1e-3, (n, rate, simulated, exact)
+
+
+def test_equivalence_sample_size_by_hand():
+    # both arms at rate 0: every draw is 0 of n, whose bound is the Wilson upper end z^2 / (n + z^2); it reaches the
+    # margin 0.1 from n = z^2 (1 - 0.1) / 0.1 = 1.6449^2 x 9 = 24.35, so 25 samples per arm, with power 1
+    assert equivalence_samples(0.0, 0.1) == 25
+    assert equivalence_power(24, 0.0, 0.1) == 0.0 and equivalence_power(25, 0.0, 0.1) == 1.0
+    # at rate 0.3 the normal approximation for a non-inferiority test of two proportions (Blackwelder 1982):
+    # n = (z_0.95 + z_0.8)^2 x 2 p (1 - p) / margin^2 = (1.6449 + 0.8416)^2 x 0.42 / 0.01 = 259.7
+    needed = equivalence_samples(0.3, 0.1)
+    assert abs(needed - 259.7) / 259.7 < 0.05
+    assert equivalence_power(needed, 0.3, 0.1) >= 0.8 > equivalence_power(needed - 1, 0.3, 0.1)
+    with pytest.raises(ValueError, match="margin"):
+        equivalence_samples(0.2, 0.0)
 
 
 def test_verdict_needs_direction_and_corrected_significance():

@@ -3,6 +3,7 @@ import os
 import pandas as pd
 
 from idunlearn.audit.heldout import mark_trained_against, trained_against
+from idunlearn.audit.relearning import with_recovery
 from idunlearn.audit.relearning_worstcase import worstcase_cells, worstcase_markdown, worstcase_summary
 from idunlearn.audit.targets import audit_targets
 from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, plot_locality,
@@ -22,8 +23,10 @@ def job(path: str, original: bool) -> tuple[str, int, pd.DataFrame]:
 with stage_log(snakemake.log[0], "audit_tables"):
     i, out, params = snakemake.input, snakemake.output, snakemake.params
     marks = trained_against(params.training, params.probes)
-    table = mark_trained_against(audit_table([job(p, True) for p in i.before] + [job(p, False) for p in i.after]),
-                                 marks)
+    # recovery, ISM regained and gap derived from the jobs' ISM rows (audit.verdict.recovery_min_gap)
+    table = mark_trained_against(with_recovery(audit_table([job(p, True) for p in i.before]
+                                                           + [job(p, False) for p in i.after]),
+                                               params.verdict["recovery_min_gap"]), marks)
     summary = audit_summary(table, params.seed)
     verdicts = identity_verdicts(table, **params.verdict)
     comparisons = paired_comparisons(table, params.reference, params.seed)

@@ -2,9 +2,13 @@
 with the plain denoising loss, the same recipe for every method, and measure how much of the identity comes back.
 
 recovery_k = (ISM_k - ISM_after) / (ISM_before - ISM_after): 0 at k = 0 by construction, 1 when the unlearned model is
-back at the original's ISM. A person that returns after a few steps was hidden, not removed. The control is the
-original model fine-tuned the same way on a retain-validation identity: how much the same few steps teach about a
-person that was never forgotten.
+back at the original's ISM. A person that returns after a few steps was hidden, not removed. The ratio divides by the
+gap unlearning opened, so it is taken only where that gap is at least a declared minimum (audit.verdict's
+recovery_min_gap): below it the identity is listed, not averaged, and a negative gap (unlearning left the person
+closer than the original did) counts as full recovery, a failure. Beside it every row kind reports the forget ISM
+regained, ISM_k - ISM_after, and the gap itself. The audit's tables derive all three from the jobs' ISM rows
+(``with_recovery``). The control is the original model fine-tuned the same way on a retain-validation identity: how
+much the same few steps teach about a person that was never forgotten.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from ..models.generator import IdentityGenerator
 from ..models.layers import select_trainable
 from ..runlog import logs_duration
 from ..unlearning.finetune import attacker_optimiser, finetune_step
+from .heldout import HELDOUT_RELEARNING
 from .probes import AUDIT_SEED_OFFSET, control_identity
+from .tables import ORIGINAL
 from .verification import verified
 
 CONTROL_SEED_OFFSET = 100_000  # the control identity's samples: apart from the probe samples' seeds
@@ -56,10 +62,44 @@ def relearn(generator: IdentityGenerator, latents: torch.Tensor, embeddings: np.
     return records
 
 
-def recovery(ism_k: float, ism_after: float, ism_before: float) -> float:
-    """(ISM_k - ISM_after) / (ISM_before - ISM_after); NaN when unlearning left nothing to recover."""
+def recovery(ism_k: float, ism_after: float, ism_before: float, min_gap: float = 0.0) -> float:
+    """(ISM_k - ISM_after) / (ISM_before - ISM_after) where the gap is at least ``min_gap`` (and above 0); 1.0 (full
+    recovery: a failure) where the gap is negative; NaN where it is in [0, min_gap): too small to divide by."""
     gap = ism_before - ism_after
-    return float((ism_k - ism_after) / gap) if gap > 1e-9 else float("nan")
+    if gap < 0:
+        return 1.0
+    # relearning recovery (this module's docstring): the share of the gap unlearning opened that fine-tuning closes
+    return float((ism_k - ism_after) / gap) if gap >= max(min_gap, 1e-9) else float("nan")
+
+
+FORGET_RELEARNING = "relearning"  # the forget side's probe (and relearning_heldout:<variant>, not their controls)
+
+
+def with_recovery(table: pd.DataFrame, min_gap: float) -> pd.DataFrame:
+    """The audit table with every forget-side relearning probe's ``recovery`` rows derived again from its ISM rows,
+    and ``regained`` (ISM_k - ISM_after) and ``gap`` (ISM_before - ISM_after) rows added at every k: ISM_after is
+    the probe's k = 0 ISM, ISM_before the original model's forget ISM on the same identity (its evaluation row, the
+    value the audit job divides by). Recovery as ``recovery`` with ``min_gap``. A probe without a k = 0 row cannot
+    say what unlearning left: a clear error."""
+    forget_side = table["probe"].eq(FORGET_RELEARNING) | table["probe"].str.startswith(f"{HELDOUT_RELEARNING}:")
+    derived = forget_side & table["metric"].isin(["recovery", "regained", "gap"])
+    ism = table[forget_side & table["metric"].eq("ism")]
+    if ism.empty:
+        return table
+    before = table[table["run"].eq(ORIGINAL) & table["probe"].eq("evaluation") & table["setting"].eq("forget")
+                   & table["metric"].eq("ism")].set_index("identity")["value"]
+    starts = ism[ism["setting"] == "k=0"].set_index(["run", "identity", "probe"])["value"]
+    records = []
+    for row in ism.itertuples(index=False):
+        key = (row.run, row.identity, row.probe)
+        if key not in starts.index:
+            raise ValueError(f"relearning rows of run {row.run!r}, identity {row.identity}, probe {row.probe!r} have "
+                             "no k=0 measurement: recovery needs the model as given; add 0 to the probe's steps")
+        after, original = starts.loc[key], before.get(row.identity, np.nan)
+        for metric, value in (("recovery", recovery(row.value, after, original, min_gap)),
+                              ("regained", row.value - after), ("gap", original - after)):
+            records.append({**row._asdict(), "metric": metric, "value": value, "ci_low": np.nan, "ci_high": np.nan})
+    return pd.concat([table[~derived], pd.DataFrame.from_records(records, columns=table.columns)], ignore_index=True)
 
 
 def identity_measure(analyser: FaceAnalyser, centroids: pd.DataFrame, table: pd.DataFrame, embeddings: np.ndarray,
@@ -75,15 +115,17 @@ def identity_measure(analyser: FaceAnalyser, centroids: pd.DataFrame, table: pd.
 
 
 def relearning_rows(records: list[dict], probe: str, ism_before: float | None, n: int) -> list[dict]:
-    """Rows of a relearning run: ISM and FA at every k, and recovery (against ``ism_before``, the original model's
-    ISM on the same conditions, and the k = 0 ISM) or, for the control, the ISM gain over k = 0."""
+    """Rows of a relearning run: ISM and FA at every k and, for the control (``ism_before`` None), the ISM gain over
+    k = 0; the forget side's recovery, regained and gap rows are derived by the audit's tables (``with_recovery``)."""
+    if records[0]["k"] != 0:
+        raise ValueError(f"relearning probe {probe!r}: the step counts must include 0 (the model as given is the "
+                         f"baseline of recovery and gain); got {[r['k'] for r in records]}")
     start = records[0]["ism"]
     rows = []
     for record in records:
         setting = f"k={record['k']}"
-        extra = (("recovery", recovery(record["ism"], start, ism_before)) if ism_before is not None
-                 else ("gain", record["ism"] - start))
-        for metric, value in (("ism", record["ism"]), ("fa", record["fa"]), extra):
+        extra = [] if ism_before is not None else [("gain", record["ism"] - start)]
+        for metric, value in (("ism", record["ism"]), ("fa", record["fa"]), *extra):
             rows.append({"probe": probe, "setting": setting, "metric": metric, "value": value,
                          "ci_low": float("nan"), "ci_high": float("nan"), "n": n})
     return rows

@@ -1,6 +1,8 @@
 """The statistics behind every reported number and verdict: pooled identity metrics (PIU eqs. 8-10), identity-
 bootstrap and Student-t intervals, and paired comparisons of two runs on the same forget identities (Wilcoxon signed-rank
-test in the claimed direction, Holm correction across the claims of one table).
+test in the claimed direction, Holm correction across the claims of one table), and the equivalence test of two
+attack success proportions behind the audit's *removed* verdict (Newcombe's hybrid score interval) with its power and
+the samples per arm it needs.
 
 The unit of resampling is the forget identity: samples of one identity share its conditions and its unlearned model,
 so they are not independent draws. NaN means "not measured" and is left out."""
@@ -152,3 +154,53 @@ def verdict(effect: float, p_corrected: float, direction: int, alpha: float = AL
     established only if it also does so with a corrected p-value below ``alpha``."""
     holds = bool(np.sign(effect) == direction)
     return holds, bool(holds and p_corrected < alpha)
+
+
+def wilson_interval(hits, n, z: float) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval of a binomial proportion hits / n at normal quantile ``z`` (arrays broadcast)."""
+    hits, n = np.asarray(hits, np.float64), np.asarray(n, np.float64)
+    p = hits / n
+    # Wilson (1927): (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+    centre, spread = p + z ** 2 / (2 * n), z * np.sqrt(p * (1 - p) / n + z ** 2 / (4 * n ** 2))
+    return (centre - spread) / (1 + z ** 2 / n), (centre + spread) / (1 + z ** 2 / n)
+
+
+def newcombe_interval(hits, n, base_hits, base_n, z: float) -> tuple[np.ndarray, np.ndarray]:
+    """Interval of the difference of proportions hits / n - base_hits / base_n: Newcombe's hybrid score interval
+    (Newcombe 1998, method 10) at normal quantile ``z`` (1.96: two-sided 95%; 1.645: each end a one-sided 95%
+    bound). Arrays broadcast."""
+    low, high = wilson_interval(hits, n, z)
+    base_low, base_high = wilson_interval(base_hits, base_n, z)
+    p, base = np.asarray(hits, np.float64) / n, np.asarray(base_hits, np.float64) / base_n
+    # Newcombe (1998) eq. for method 10: L = d - sqrt((p1 - l1)^2 + (u2 - p2)^2), U = d + sqrt((u1 - p1)^2 + (p2 - l2)^2)
+    return (p - base - np.sqrt((p - low) ** 2 + (base_high - base) ** 2),
+            p - base + np.sqrt((high - p) ** 2 + (base - base_low) ** 2))
+
+
+def difference_upper_bound(hits, n, base_hits, base_n, confidence: float = CONFIDENCE) -> np.ndarray:
+    """One-sided ``confidence`` upper bound of hits / n - base_hits / base_n (Newcombe's hybrid score interval's
+    upper end at z = the ``confidence`` normal quantile)."""
+    return newcombe_interval(hits, n, base_hits, base_n, float(stats.norm.ppf(confidence)))[1]
+
+
+def equivalence_power(n: int, rate: float, margin: float, confidence: float = CONFIDENCE) -> float:
+    """Exact probability that the equivalence test (``difference_upper_bound`` <= ``margin``) shows equivalence when
+    both arms draw ``n`` samples at the same true ``rate``: the sum over every pair of binomial outcomes."""
+    hits = np.arange(n + 1)
+    weights = stats.binom.pmf(hits, n, rate)
+    shown = difference_upper_bound(hits[:, None], n, hits[None, :], n, confidence) <= margin + 1e-12
+    return float(weights @ shown @ weights)
+
+
+def equivalence_samples(rate: float, margin: float, power: float = 0.8, confidence: float = CONFIDENCE,
+                        largest: int = 2000) -> int:
+    """The fewest samples per arm at which ``equivalence_power`` reaches ``power`` (both arms at the true ``rate``,
+    the assumption under which a removed model should be called removed). Raises when ``largest`` is not enough."""
+    if not 0 <= rate <= 1 or not 0 < margin < 1:
+        raise ValueError(f"equivalence sample size: rate must lie in [0, 1] and margin in (0, 1) "
+                         f"(got rate {rate}, margin {margin})")
+    for n in range(1, largest + 1):
+        if equivalence_power(n, rate, margin, confidence) >= power:
+            return n
+    raise ValueError(f"equivalence at margin {margin} with power {power} needs more than {largest} samples per arm "
+                     f"at rate {rate}: widen the margin (audit.verdict.equivalence_margin)")
