@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,18 @@ BLOCK = re.compile(r"(?P<open><!-- generated:(?P<name>[\w.-]+)(?::(?P<argument>[
 
 class MissingResults(LookupError):
     """A block's tables (or the runs it names) are not in the results folder: the block keeps its text."""
+
+
+# Every written block keeps the result files it was rendered from under docs/results/data/<page>/<block>/ (paths as
+# under the results folder), so that the suite renders each block again from them and finds the page unchanged.
+SHIPPED = Path("docs", "results", "data")
+_reading: list[Path] | None = None  # the files the renderer running now has read (regenerate_text collects them)
+
+
+def _read_file(path: Path) -> Path:
+    if _reading is not None:
+        _reading.append(path)
+    return path
 
 
 # ----- cells -------------------------------------------------------------------------------------------------------
@@ -70,6 +83,7 @@ def _read(results: Path, *parts: str, columns: Iterable[str] = ()) -> pd.DataFra
     path = results.joinpath(*parts)
     if not path.is_file():
         raise MissingResults(str(path))
+    _read_file(path)
     table = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     missing = [c for c in columns if c not in table.columns]
     if missing:
@@ -298,7 +312,7 @@ def _evaluation_metrics(folder: Path) -> pd.DataFrame:
     files = sorted(folder.glob("*/metrics.json"))
     if not files:
         raise MissingResults(f"{folder}/*/metrics.json")
-    return pd.DataFrame([read_json(f) for f in files]).set_index("forget_identity")
+    return pd.DataFrame([read_json(_read_file(f)) for f in files]).set_index("forget_identity")
 
 
 def render_external_evaluation(results: Path, argument: str | None) -> str:
@@ -563,35 +577,71 @@ def pages(root: Path) -> list[Path]:
     return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.is_file()]
 
 
-def regenerate_text(text: str, results: Path) -> tuple[str, dict[str, str]]:
-    """``text`` with every generated block rendered from ``results``; block -> 'written' or why it was kept."""
+def regenerate_text(text: str, results: Path | Callable[[str], Path],
+                    inputs: dict[str, list[Path]] | None = None) -> tuple[str, dict[str, str]]:
+    """``text`` with every generated block rendered from ``results`` (a folder, or block label -> its folder); block ->
+    'written' or why it was kept; ``inputs`` collects each written block's label -> the result files it read."""
+    global _reading
     status: dict[str, str] = {}
 
     def replace(match: re.Match) -> str:
+        global _reading
         name, argument = match["name"], match["argument"]
         label = f"{name}:{argument}" if argument else name
         if name not in RENDERERS:
             raise ValueError(f"generated block {label!r}: no renderer of that name; use one of {', '.join(RENDERERS)}")
+        _reading = []
         try:
-            body = RENDERERS[name](results, argument)
+            body = RENDERERS[name](results(label) if callable(results) else results, argument)
         except MissingResults as missing:
             status[label] = f"kept (missing: {missing})"
             return match[0]
+        finally:
+            read, _reading = _reading, None
         status[label] = "written"
+        if inputs is not None:
+            inputs[label] = read
         return match["open"] + body + match["close"]
 
     return BLOCK.sub(replace, text), status
 
 
+def shipped_folder(root: Path, page: Path, label: str) -> Path:
+    """Where the result files of block ``label`` of ``page`` are kept: docs/results/data/<page>/<block>/."""
+    name = "-".join(part for part in page.relative_to(root).with_suffix("").parts if part != "docs")
+    return root / SHIPPED / name / re.sub(r"[^\w.-]+", "_", label)
+
+
+def regenerate_from_shipped(root: Path, page: Path) -> tuple[str, dict[str, str]]:
+    """``page``'s text with every generated block rendered again from the files it was last rendered from."""
+    return regenerate_text(page.read_text(), lambda label: shipped_folder(root, page, label))
+
+
+def _ship(root: Path, page: Path, results: Path, inputs: dict[str, list[Path]]) -> None:
+    """Keep each written block's result files (a copy, paths as under ``results``) in its shipped folder."""
+    for label, files in inputs.items():
+        folder = shipped_folder(root, page, label)
+        if folder.exists():
+            shutil.rmtree(folder)
+        for file in files:
+            target = folder / file.relative_to(results)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(target) as tmp:
+                shutil.copyfile(file, tmp)
+
+
 def regenerate(root: Path, results: Path) -> dict[str, dict[str, str]]:
-    """Rewrite the generated blocks of every page under ``root`` from ``results``; page -> block -> status."""
+    """Rewrite the generated blocks of every page under ``root`` from ``results``, keeping the result files of each
+    written block under docs/results/data/ (``shipped_folder``); page -> block -> status."""
     report = {}
     for page in pages(root):
         text = page.read_text()
-        new, status = regenerate_text(text, results)
+        inputs: dict[str, list[Path]] = {}
+        new, status = regenerate_text(text, results, inputs)
         if new != text:
             with atomic_path(page) as tmp:
                 tmp.write_text(new)
+        _ship(root, page, results, inputs)
         if status:
             report[str(page.relative_to(root))] = status
     return report
