@@ -339,3 +339,73 @@ def test_tuning_shows_each_method_s_grid_and_chosen_setting(tmp_path):
     row = render_tuning(tmp_path, None).splitlines()[2]
     assert row == ("| piu | lr 0.0001, 0.0003 x eta 1, 1.5 x regime surgical | lr 0.0003, eta 1, regime surgical | "
                    "0.200 (0.50) | 0.500 (0.95) | 3 of 4 |")
+
+
+# ----- numbers quoted in prose, against the generated table on the page they quote --------------------------------
+
+def _first_number(cell: str) -> float:
+    return float(re.match(r"\s*(-?[\d.]+)", cell)[1])
+
+
+def _prose(page: Path) -> str:
+    """The page's text outside generated blocks, line breaks as spaces."""
+    return " ".join(BLOCK.sub("", page.read_text()).split())
+
+
+def test_study_prose_quotes_table1():
+    page = REPO / "docs" / "results" / "study.md"
+    table = _table(page.read_text(), "generated:study:table1")
+    table = table.set_index(table.columns[0])
+    retain = {label.split(" (")[0]: _first_number(row["retain ISM"]) for label, row in table.iterrows()}
+    before, piu, piu_tuned, esd_tuned = (retain[k] for k in ("before", "PIU", "PIU tuned", "ESD-style tuned"))
+    bar = 0.95 * before
+
+    def side(value):
+        return "below" if value < bar else "above"
+
+    prose = _prose(page)
+    assert (f"({esd_tuned:.3f} against {piu_tuned:.3f}; 0.95 x before is {bar:.3f}, which ESD-style's is "
+            f"{side(esd_tuned)} and PIU's {side(piu_tuned)})") in prose
+    assert f"pays {piu_tuned / before:.2f} x before in retain ISM ({piu_tuned:.3f} against {piu:.3f})" in prose
+    assert f"(retain {piu / before:.2f} x against {retain['ESD-style'] / before:.2f} x before)" in prose
+
+
+def _ratios(page: Path, block: str, strategy: str, size: str) -> list[str]:
+    """The retain ratio ('0.90 x') of each order's row of ``strategy`` at ``size``, in order."""
+    table = _table(page.read_text(), block)
+    rows = table[(table["strategy"] == strategy) & (table["N or step"] == size)].sort_values("order")
+    return [re.search(r"\(([\d.]+ x)\)", cell)[1] for cell in rows["retain ISM after / before"]]
+
+
+def test_many_people_prose_quotes_the_retain_ratios_of_its_tables():
+    page = REPO / "docs" / "results" / "many-people.md"
+    prose = _prose(page)
+    for block, strategy, intro in (("generated:many.sequential", "sequential/replay", "Retain ISM is"),
+                                   ("generated:many.joint", "joint", "Retain ISM"),
+                                   ("generated:many.merge", "merge/sum", "Retain")):
+        ratios = _ratios(page, block, strategy, "8")
+        assert f"{intro} {', '.join(ratios[:-1])} and {ratios[-1]}" in prose, (strategy, ratios)
+
+
+def test_readme_prose_quotes_the_headline_and_the_robust_audit():
+    readme = REPO / "README.md"
+    prose = _prose(readme)
+    headline = _table(readme.read_text(), "generated:headline:piu").set_index("")
+    forget, retain = (headline.loc[row].map(_first_number) for row in ("forget ISM", "retain-validation ISM"))
+    assert f"forget ISM {forget.iloc[0]:.2f} -> {forget.iloc[1]:.2f}" in prose
+    assert f"({retain.iloc[0]:.3f} -> {retain.iloc[1]:.3f})" in prose
+
+    robust = (REPO / "docs" / "results" / "robust.md").read_text()
+    verdicts = next(_table(robust, f"generated:{m['name']}:{m['argument']}") for m in BLOCK.finditer(robust)
+                    if m["name"] == "audit.verdicts").set_index("run")
+    counts = verdicts.map(lambda cell: int(cell.split(" ")[0]))
+    hidden = counts.loc["`piu_100`", [c for c in counts.columns if c.startswith("hidden")]].sum()
+    forgot = len(counts.columns) and counts.loc["`piu_100`"].sum() - counts.loc["`piu_100`", "not forgotten"]
+    methods = counts.drop(index="`retrain`")
+    assert (f"brings back {hidden} of the {forgot} people PIU forgot under the light probes, and no method tested "
+            f"removes more than {methods['removed'].max()} of the 12 (a generator trained without them: "
+            f"{counts.loc['`retrain`', 'removed']})") in prose
+    evaluation = next(_table(robust, f"generated:{m['name']}:{m['argument']}") for m in BLOCK.finditer(robust)
+                      if m["name"] == "audit.evaluation")
+    retrain_forget = evaluation[(evaluation["run"] == "`retrain`") & (evaluation["measure"] == "forget ISM")]
+    assert f"(forget ISM {_first_number(retrain_forget['mean (95% interval)'].iloc[0]):.2f})" in prose
