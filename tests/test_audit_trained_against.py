@@ -99,6 +99,9 @@ def test_switched_off_inner_attacks_and_tuning_grids_are_read_from_the_settings(
     off = overlaid(["study.yaml", "robust.yaml"], {"unlearning": {"runs": {
         "piu_meta": {"meta_inner_steps": [0, 0]}, "piu_robust": {"attack_every": None}}}})
     assert [a["attack"] for a in training_attacks(off, "piu_meta")] == ["embedding_search"]
+    unweighted = overlaid(["study.yaml", "robust.yaml"], {"unlearning": {"runs": {"piu_meta": {"meta_weight": 0.0}}}})
+    assert [a["attack"] for a in training_attacks(unweighted, "piu_meta")] == ["embedding_search"]
+    assert [a["attack"] for a in training_attacks(off, "piu_meta_at_theta")] == ["embedding_search"]  # 0 steps
     assert training_attacks(off, "piu_robust") == [] and training_attacks(off, "retrain") == []
     # a tuned run may train at any lr its grid offers: the range covers the grid
     tuned = overlaid(["study.yaml", "robust.yaml"], {"tuning": {"methods": {
@@ -113,7 +116,8 @@ def test_every_declared_training_range_names_settings_its_method_reads():
     for method in declared:
         reads = method_settings(method, {}).declared
         for kind, entry in declared_training_attacks(method).items():
-            assert {entry["lr"], entry["switch"]} <= reads, (method, kind)
+            switches = entry["switch"] if isinstance(entry["switch"], list) else [entry["switch"]]
+            assert {entry["lr"], *switches} <= reads, (method, kind)
 
 
 def test_tables_and_targets_mark_trained_against_cells_and_the_headline_shows_them_as_such():

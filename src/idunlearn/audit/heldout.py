@@ -66,7 +66,8 @@ def _trains_against() -> dict:
 
 
 def declared_training_attacks(method: str) -> dict[str, dict]:
-    """Kind -> declaration ({lr, switch, data, seeds}: setting names and descriptions) of every attack ``method`` trains
+    """Kind -> declaration ({lr, switch, data, seeds}: setting names, or a list of them for ``switch``, and
+    descriptions) of every attack ``method`` trains
     against, as the schema's ``x-trains-against`` declares it (``extends`` followed); {} for a method without an
     entry."""
     entry = _trains_against().get(method, {})
@@ -83,8 +84,8 @@ def _values(value) -> list:
 
 def training_attacks(config: dict, run: str) -> list[dict]:
     """The attacks unlearning run ``run`` trains against, read from its settings in ``config`` (validated):
-    [{attack, lr_low, lr_high, data, setting, seeds}] (an inner attack switched off by its ``switch`` setting is
-    left out). A tuned run (``<run>.tuned``) may train at any value its tuning grid offers: the range covers them all.
+    [{attack, lr_low, lr_high, data, setting, seeds}] (an inner attack switched off by one of its ``switch``
+    settings is left out). A tuned run (``<run>.tuned``) may train at any value its tuning grid offers: the range covers them all.
     An external model (not in unlearning.runs) trains against nothing."""
     if run not in config["unlearning"]["runs"]:
         return []
@@ -92,8 +93,8 @@ def training_attacks(config: dict, run: str) -> list[dict]:
     grid = config["tuning"]["methods"].get(tuned_base(run), {}).get("grid", {}) if tuned_base(run) else {}
     attacks = []
     for kind, declared in declared_training_attacks(settings["method"]).items():
-        switches = _values(settings[declared["switch"]]) + _values(grid.get(declared["switch"]))
-        if not any(switches):
+        switches = declared["switch"] if isinstance(declared["switch"], list) else [declared["switch"]]
+        if not all(any(_values(settings[name]) + _values(grid.get(name))) for name in switches):
             continue
         rates = _values(settings[declared["lr"]]) + _values(grid.get(declared["lr"]))
         attacks.append({"attack": kind, "lr_low": float(min(rates)), "lr_high": float(max(rates)),
