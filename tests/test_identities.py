@@ -176,6 +176,34 @@ def test_dbscan_on_the_radius_graph_gives_the_cosine_metric_labels(block_rows, e
     assert 1 < len(set(reference)) < len(x)  # the data gives DBSCAN clusters, borders and noise to decide
 
 
+def _pairs_at_distances(distances: list[float], dim: int, seed: int) -> np.ndarray:
+    """Unit rows (2 per distance): row 2k and 2k + 1 at exactly cosine distance ``distances[k]`` (float64, up to
+    1e-16), every other pair near distance 1; then turned by one random rotation, so that float32 rounds them all."""
+    x = np.zeros((2 * len(distances), dim))
+    for k, distance in enumerate(distances):
+        angle = np.arccos(1.0 - distance)
+        x[2 * k, 2 * k] = 1.0
+        x[2 * k + 1, 2 * k], x[2 * k + 1, 2 * k + 1] = np.cos(angle), np.sin(angle)
+    rotation, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((dim, dim)))
+    return x @ rotation
+
+
+@pytest.mark.parametrize("eps", [0.35, 0.1])
+def test_pairs_within_1e7_of_eps_are_decided_on_the_right_side(eps):
+    # 48 pairs at eps - delta and eps + delta, delta from 1e-7 down to 1e-9: far below float32's resolution of a
+    # cosine (6e-8 near 0.65, the rounding of a 128-term dot product more), so only the float64 check decides.
+    # Inside: the pair is a cluster of 2 (min_samples 2); outside: 2 noise points, each its own label.
+    deltas = [1e-7, 3e-8, 1e-8, 3e-9, 1e-9, 5e-8, 2e-8, 5e-9] * 3
+    distances = [eps + sign * delta for delta in deltas for sign in (-1.0, 1.0)]
+    x = _pairs_at_distances(distances, dim=128, seed=11)
+    exact = 1.0 - np.einsum("ij,ij->i", x[0::2], x[1::2])  # float64: still within 1e-15 of the placed distances
+    assert np.all(np.sign(exact - eps) == np.repeat([[-1.0, 1.0]], len(deltas), axis=0).ravel())
+    labels = cluster_identities(x, eps, min_samples=2, block_rows=7)
+    together = labels[0::2] == labels[1::2]
+    assert together.tolist() == [True, False] * len(deltas)
+    assert len(set(labels.tolist())) == len(deltas) + 2 * len(deltas)  # one cluster per inside pair, the rest alone
+
+
 def test_radius_graph_with_too_many_pairs_names_eps(monkeypatch):
     monkeypatch.setattr(identities, "MAX_RADIUS_PAIRS", 50)
     with pytest.raises(ValueError, match="lower identities.eps"):

@@ -374,9 +374,16 @@ def render_many_jobs(name: str) -> Callable[[Path, str | None], str]:
         return markdown_table(["strategy", "order", "N or step", "forget ISM after (before), per identity",
                                "FA after, per identity", "worst FA", "retain ISM after / before",
                                "retain faces detected after (before)", "pooled SRK after (before)",
-                               "seconds, every job it took"], rows)
+                               _seconds_header(table)], rows)
     render.__doc__ = f"One line per job of results/tables/{name}."
     return render
+
+
+def _seconds_header(table: pd.DataFrame) -> str:
+    """The seconds column's header, with what its jobs' times measure where the table says it."""
+    if "seconds_measure" not in table:
+        return "seconds, every job it took"
+    return f"seconds, every job it took ({'; '.join(sorted(set(table['seconds_measure'].dropna())))})"
 
 
 def render_many_strategies(results: Path, argument: str | None) -> str:
@@ -398,6 +405,12 @@ def render_many_strategies(results: Path, argument: str | None) -> str:
                              RETAIN_TARGETS.values())], rows)
 
 
+def _measured(row: dict) -> str:
+    """A paired measure's name and, for a time, what it measures (``aggregate.job_seconds_measure``)."""
+    measured = row.get("measured")
+    return f"{row['measure']} ({measured})" if isinstance(measured, str) and measured else row["measure"]
+
+
 def render_audit_evaluation(results: Path, argument: str | None) -> str:
     """Per listed run (``tables/audit_evaluation/comparisons.csv``): forget and retain ISM, pooled SRK, KD and
     quality changes and unlearning time per identity (95% identity-bootstrap interval), and the run minus compare_to
@@ -406,7 +419,7 @@ def render_audit_evaluation(results: Path, argument: str | None) -> str:
     table = _read(results, "tables", "audit_evaluation", "comparisons.csv")
     runs = _runs(argument) or sorted(table["run"].unique())
     _require_runs(table, runs, "tables/audit_evaluation/comparisons.csv")
-    rows = [[f"`{row['run']}`", row["measure"], str(row["n"]), interval(row["mean"], row["ci_low"], row["ci_high"]),
+    rows = [[f"`{row['run']}`", _measured(row), str(row["n"]), interval(row["mean"], row["ci_low"], row["ci_high"]),
              *(_against(row, side, ("diff", "low", "high")) for side in ("compare", "reference"))]
             for run in runs for row in table[table["run"] == run].to_dict("records")]
     compare, reference = (next((r for r in table[f"{side}_run"].dropna().unique()), "-")

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from idunlearn.evaluation.aggregate import job_seconds, metrics_row, nested_markdown, summarise, summary_long, summary_markdown
+from idunlearn.evaluation.aggregate import job_seconds, job_seconds_measure, metrics_row, nested_markdown, summarise, summary_long, summary_markdown
 from idunlearn.evaluation.metrics import METRIC_KEYS
 from idunlearn.evaluation.statistics import sample_counts
 from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
@@ -42,7 +42,8 @@ with stage_log(snakemake.log[0], "aggregate") as log:
             settings = timings["run"]
             costs.append({"run": run, "forget_identity": identity,
                           **{k: timings[k] for k in ("steps", "trainable_parameters", "seconds_per_step")},
-                          "unlearning_seconds": job_seconds(timings)})
+                          "unlearning_seconds": job_seconds(timings),
+                          "seconds_measure": job_seconds_measure(timings)})
         rows.append({**metrics_row(run, settings, experiment, before[identity], after, METRIC_KEYS),
                      "kd_features": after["kd_features"], "quality_measure": after["quality_measure"]})
         for phase, c in (("before", before_counts[identity]), ("after", folder_counts[Path(after_path).parent])):

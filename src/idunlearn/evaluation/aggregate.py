@@ -151,11 +151,20 @@ def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) ->
     return "\n".join([*lines, "", SUMMARY_NOTE]) + "\n"
 
 
+# what an unlearning job's time measures, by the timings.json key it is read from (job_seconds)
+SECONDS_MEASURES = {"seconds_total": "every step summed", "seconds_this_session": "last session's wall time"}
+
+
 def job_seconds(timings: dict) -> float:
     """An unlearning job's time from its timings.json: every step's seconds summed (``seconds_total``); timings
     without it (written before it existed, or a merge's, which is never resumed) give their last session's wall
-    time, the whole job unless it was resumed."""
+    time, the whole job unless it was resumed (``job_seconds_measure`` says which)."""
     return float(timings["seconds_total"] if "seconds_total" in timings else timings["seconds_this_session"])
+
+
+def job_seconds_measure(timings: dict) -> str:
+    """What ``job_seconds`` of these timings measures (``SECONDS_MEASURES``), for the tables' labels."""
+    return SECONDS_MEASURES["seconds_total" if "seconds_total" in timings else "seconds_this_session"]
 
 
 # ----- runs paired by forget identity on their evaluation --------------------------------------------------------
@@ -166,7 +175,7 @@ PAIRED_MEASURES = {"forget ISM": "ism_forget_after", "retain ISM": "ism_retain_a
                    "quality change, retain samples": "quality_retain_delta",
                    "unlearning seconds per identity": "unlearning_seconds"}
 PAIRED_SIDES = ("compare", "reference")
-PAIRED_COLUMNS = ["run", "measure", "n", "mean", "ci_low", "ci_high", "difference_interval",
+PAIRED_COLUMNS = ["run", "measure", "n", "mean", "ci_low", "ci_high", "difference_interval", "measured",
                   *[f"{side}_{column}" for side in PAIRED_SIDES
                     for column in ("run", "n", "diff", "low", "high", "p_wilcoxon", "p_holm")]]
 
@@ -193,7 +202,8 @@ def paired_runs(metrics: pd.DataFrame, counts: pd.DataFrame, costs: pd.DataFrame
     measure a mean over identities), and for each side of ``against`` ("compare", "reference": a run or None) the
     run minus that run, paired by identity (``_difference``), Holm-corrected over the run's measures against it.
     ``metrics`` / ``counts``: the aggregate stage's metrics and sample-count tables; ``costs``: its costs table, whose
-    ``unlearning_seconds`` is an unlearning job's time (``job_seconds``; external models have none)."""
+    ``unlearning_seconds`` is an unlearning job's time (``job_seconds``; external models have none) and
+    ``seconds_measure``, where present, what that time measures: the run's row says it in ``measured``."""
     metrics = metrics.merge(costs[["run", "forget_identity", "unlearning_seconds"]], how="left",
                             on=["run", "forget_identity"])
     indexed = metrics.set_index(["run", "forget_identity"])
@@ -210,6 +220,8 @@ def paired_runs(metrics: pd.DataFrame, counts: pd.DataFrame, costs: pd.DataFrame
                 continue
             record = {"run": run, "measure": measure, "n": n, "mean": mean, "ci_low": low, "ci_high": high,
                       "difference_interval": "paired bootstrap" if column is None else "Student-t"}
+            if column == "unlearning_seconds" and "seconds_measure" in costs:
+                record["measured"] = "; ".join(sorted(set(costs.loc[costs["run"] == run, "seconds_measure"])))
             for side in PAIRED_SIDES:
                 record.update({f"{side}_{k}": v for k, v in
                                _difference(None if column is None else indexed[column], counts, run,
