@@ -28,6 +28,8 @@ include: "rules/tuning.smk"
 include: "rules/export.smk"
 # Forgetting many people (joint and sequential unlearning); its target `many` is not part of the default target.
 include: "rules/many.smk"
+# Rebuild (remove a batch of people by distillation into a noised copy); target `rebuild`, not in the default target.
+include: "rules/rebuild.smk"
 # Forget requests (config `request`, config/request.yaml): when one is configured it is the default target.
 include: "rules/request.smk"
 # Recognizer track (GSUO on classifiers); its target `recognizer` is not part of the default target.

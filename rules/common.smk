@@ -364,3 +364,46 @@ def request_probes():
 def request_outputs():
     return [*(request_dir(f"{person}report{ext}") for person in request_people() for ext in (".md", ".rst")),
             request_dir("export", "manifest.json")]
+
+
+def rebuild_run(name):
+    """A rebuild run's settings (rebuild.defaults with its overrides)."""
+    from idunlearn.rebuild import rebuild_settings
+
+    return rebuild_settings(config["rebuild"], name)
+
+
+def rebuild_settings_key(name):
+    from idunlearn.rebuild import settings_key
+
+    return settings_key(rebuild_run(name))
+
+
+def rebuild_search_key(name):
+    """The search a rebuild run reads: named by the hash of its search settings and seed."""
+    from idunlearn.rebuild import search_key
+
+    return search_key(rebuild_run(name))
+
+
+def rebuild_search_settings(key):
+    """The settings of the rebuild run(s) whose search is ``key``."""
+    for name in config["rebuild"].get("runs") or {}:
+        if rebuild_search_key(name) == key:
+            return rebuild_run(name)
+    raise ValueError(f"no rebuild run in config key 'rebuild.runs' has search {key!r}")
+
+
+def rebuild_jobs():
+    """(run, budget percent) of every rebuild job."""
+    return [(name, budget) for name in (config["rebuild"].get("runs") or {})
+            for budget in rebuild_run(name)["budgets"]]
+
+
+def rebuild_previous_budget(wildcards):
+    """The run's next smaller budget's model: its job leaves the training state this one resumes (never two at once)."""
+    smaller = [b for b in rebuild_run(wildcards.name)["budgets"] if b < int(wildcards.budget)]
+    if int(wildcards.budget) not in rebuild_run(wildcards.name)["budgets"]:
+        raise ValueError(f"rebuild run {wildcards.name!r} has no budget {wildcards.budget}% (config "
+                         f"'rebuild' budgets {rebuild_run(wildcards.name)['budgets']})")
+    return {"previous": results("rebuild", wildcards.name, f"b{max(smaller)}", "model.safetensors")} if smaller else {}

@@ -28,13 +28,61 @@ def faces_to_training_images(aligned: np.ndarray, size: int, channels: int) -> t
     return x[:, None] if channels == 1 else x.permute(0, 3, 1, 2)
 
 
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (x_t, t, conditions, target noise)
+
+
+def denoising_batches(images: torch.Tensor, embeddings: torch.Tensor, batch_size: int, cond_dropout: float
+                      ) -> Callable[[IdentityGenerator, torch.Generator], Batch]:
+    """The pretraining batch: real faces noised at uniform timesteps, each conditioned on its own embedding (the
+    empty prompt with probability ``cond_dropout``: classifier-free guidance), the target being the added noise."""
+
+    def draw(generator: IdentityGenerator, rng: torch.Generator) -> Batch:
+        sched = generator.training_scheduler()
+        idx = torch.randint(len(images), (batch_size,), generator=rng)
+        x0, emb = images[idx], embeddings[idx]
+        noise = torch.randn(x0.shape, generator=rng)
+        t = torch.randint(sched.config.num_train_timesteps, (len(x0),), generator=rng)
+        drop = torch.rand(len(x0), generator=rng) < cond_dropout
+        return sched.add_noise(x0, noise, t), t, dropped_conditions(generator, generator.conditions(emb), drop), noise
+
+    return draw
+
+
+def dropped_conditions(generator: IdentityGenerator, cond: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """``cond`` with the rows where ``drop`` holds replaced by the empty prompt's (classifier-free dropout)."""
+    if not drop.any():
+        return cond
+    return torch.where(drop[:, None, None], generator.unconditional(1).expand_as(cond), cond)
+
+
 def pretrain(generator: IdentityGenerator, images: torch.Tensor, embeddings: torch.Tensor, cfg: dict,
              state_path: str | Path, monitor: Callable[[IdentityGenerator, int], dict] | None = None) -> tuple:
-    """Train for ``cfg['steps']`` steps; resumes from ``state_path`` if it holds a saved step.
+    """Train for ``cfg['steps']`` steps on ``denoising_batches``; resumes from ``state_path`` if it holds a saved step.
 
     cfg: steps, batch_size, lr, weight_decay, ema_decay, cond_dropout, seed, checkpoint_every, monitor_every.
     Returns (EMA generator, history rows).
     """
+    return train_denoiser(generator, denoising_batches(images, embeddings, cfg["batch_size"], cfg["cond_dropout"]),
+                          cfg, state_path, monitor)
+
+
+def ema_decay_at(cfg: dict, step: int) -> float:
+    """The EMA decay after ``step`` updates: ``ema_decay``, or with ``ema_warmup`` min(ema_decay, (1 + step) /
+    (10 + step)) (the warm-up of diffusers' EMAModel), so that a short run's average does not keep its start."""
+    if not cfg.get("ema_warmup", False):
+        return cfg["ema_decay"]
+    return min(cfg["ema_decay"], (1 + step) / (10 + step))
+
+
+def train_denoiser(generator: IdentityGenerator, draw: Callable[[IdentityGenerator, torch.Generator], Batch],
+                   cfg: dict, state_path: str | Path, monitor: Callable[[IdentityGenerator, int], dict] | None = None,
+                   after_step: Callable[[IdentityGenerator, int], None] | None = None, extra_state=None) -> tuple:
+    """The denoiser training loop shared by pretraining and rebuilding: ``cfg['steps']`` AdamW steps on
+    MSE(prediction, target) over batches ``draw(generator, rng)`` returns, an EMA copy, resumable chunks.
+
+    ``after_step(ema, step)`` runs after every step (the rebuild saves budget checkpoints there); ``extra_state``
+    (an object with state_dict / load_state_dict: the rebuild's query record) is saved and restored with the rest.
+    Returns (EMA generator, history rows)."""
     state_path = Path(state_path)
     opt = torch.optim.AdamW(generator.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     ema = copy.deepcopy(generator).requires_grad_(False)
@@ -47,30 +95,24 @@ def pretrain(generator: IdentityGenerator, images: torch.Tensor, embeddings: tor
         opt.load_state_dict(state["optimizer"])
         rng.set_state(state["rng"])
         step, history = int(state["step"]), [dict(zip(state["history_keys"], row)) for row in state["history"].tolist()]
-        log.info("resumed generator training at step %d", step)
-    sched = generator.training_scheduler()
-    uncond = None
+        if extra_state is not None:
+            extra_state.load_state_dict(state["extra"])
+        log.info("resumed denoiser training at step %d", step)
     generator.train()
     bar = tqdm(total=cfg["steps"], initial=step, desc="train generator", unit="step")
     while step < cfg["steps"]:
         start = time.perf_counter()
-        idx = torch.randint(len(images), (cfg["batch_size"],), generator=rng)
-        x0, emb = images[idx], embeddings[idx]
-        noise = torch.randn(x0.shape, generator=rng)
-        t = torch.randint(sched.config.num_train_timesteps, (len(x0),), generator=rng)
-        drop = torch.rand(len(x0), generator=rng) < cfg["cond_dropout"]
-        cond = generator.conditions(emb)
-        if drop.any():
-            uncond = generator.unconditional(1)
-            cond = torch.where(drop[:, None, None], uncond.expand_as(cond), cond)
-        # epsilon-prediction denoising loss (DDPM, Ho et al. 2020, eq. 14), as Arc2Face/SD are trained
-        loss = torch.nn.functional.mse_loss(generator.predict_noise(sched.add_noise(x0, noise, t), t, cond), noise)
+        x_t, t, cond, target = draw(generator, rng)
+        # epsilon-prediction denoising loss (DDPM, Ho et al. 2020, eq. 14), as Arc2Face/SD are trained; against a
+        # teacher's prediction instead of the noise, the distillation loss of the rebuild (UNDO, Foote et al. 2025)
+        loss = torch.nn.functional.mse_loss(generator.predict_noise(x_t, t, cond), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        decay = ema_decay_at(cfg, step)
         with torch.no_grad():
             for p_ema, p in zip(ema.parameters(), generator.parameters()):
-                p_ema.lerp_(p, 1 - cfg["ema_decay"])
+                p_ema.lerp_(p, 1 - decay)
         step += 1
         row = {"step": step, "loss": float(loss.detach()), "seconds": time.perf_counter() - start}
         if monitor and (step % cfg["monitor_every"] == 0 or step == cfg["steps"]):
@@ -78,18 +120,21 @@ def pretrain(generator: IdentityGenerator, images: torch.Tensor, embeddings: tor
             log.info("step %d: %s", step, row)
         history.append(row)
         bar.update(1)
+        if after_step is not None:
+            after_step(ema, step)
         if step % cfg["checkpoint_every"] == 0 or step == cfg["steps"]:
-            _save_state(state_path, generator, ema, opt, rng, step, history)
+            _save_state(state_path, generator, ema, opt, rng, step, history, extra_state)
     bar.close()
     return ema.eval(), history
 
 
-def _save_state(path: Path, generator, ema, opt, rng, step: int, history: list[dict]) -> None:
+def _save_state(path: Path, generator, ema, opt, rng, step: int, history: list[dict], extra_state=None) -> None:
     keys = sorted({k for row in history for k in row})
     table = torch.tensor([[float(row.get(k, np.nan)) for k in keys] for row in history], dtype=torch.float64)
     with atomic_path(path) as tmp:
         torch.save({"model": generator.state_dict(), "ema": ema.state_dict(), "optimizer": opt.state_dict(),
-                    "rng": rng.get_state(), "step": step, "history": table, "history_keys": keys}, tmp)
+                    "rng": rng.get_state(), "step": step, "history": table, "history_keys": keys,
+                    **({"extra": extra_state.state_dict()} if extra_state is not None else {})}, tmp)
 
 
 def training_faces(faces, labels=None, exclude_identities=()):
