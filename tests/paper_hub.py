@@ -6,8 +6,8 @@ Arc2Face's UNet, text encoder and ``arcface.onnx``; SD1.5's VAE, scheduler confi
 detector; DINOv2-large (tiny dimensions, real config keys); and the CelebA-HQ train split as six Parquet shards
 with the real columns ``image`` (struct of bytes and path) and ``label``, whose images are ORL faces pasted into
 512x512 canvases at Arc2Face's face scale. Beside it, an eDifFIQA ONNX with a fixed batch of 1, like the OpenCV zoo's.
-Its files are exactly those of the documented `hf download` commands (idunlearn.hub_downloads; tests/test_hub_downloads.py
-checks both ways).
+Its files are exactly those of the documented `hf download` commands (idunlearn.hub_downloads;
+tests/test_hub_downloads.py checks both ways).
 
 The face models are built to work on these images, deterministically: the detector finds the non-black region of
 the image (the pasted face) and reports it as one face with ArcFace-template landmarks; the recognizer is a fixed

@@ -152,6 +152,6 @@ def test_the_loaders_open_exactly_the_named_files(hub, tmp_path):
     opened = opened_blobs(blobs, run)
     for download in CACHED:
         links = {f: (snapshot(hub, download) / f).resolve() for f in laid_out(hub, download)}
-        assert len(set(links.values())) == len(links), f"{download.repo}: two files share a blob, so reads are ambiguous"
+        assert len(set(links.values())) == len(links), f"{download.repo}: files share a blob, reads are ambiguous"
         read = {f for f, blob in links.items() if str(blob) in opened}
         assert read == named(download, set(links)), download.repo

@@ -67,8 +67,8 @@ def paper_downloads(config: dict) -> list[HubDownload]:
                     files=(*(f"vae/{name}" for name in _DIFFUSERS), "scheduler/scheduler_config.json",
                            *(f"tokenizer/{name}" for name in _SD15_TOKENIZER))),
         HubDownload("antelopev2's SCRFD face detector", DETECTOR_REPO, DETECTOR_REVISION, files=(DETECTOR_FILE,)),
-        HubDownload("DINOv2 ViT-L/14 for the kernel distance", DINOV2_REPO, kd.get("dinov2_revision") or DINOV2_REVISION,
-                    files=("config.json", "model.safetensors")),
+        HubDownload("DINOv2 ViT-L/14 for the kernel distance", DINOV2_REPO,
+                    kd.get("dinov2_revision") or DINOV2_REVISION, files=("config.json", "model.safetensors")),
     ]
     if quality:
         path = PurePosixPath(quality)
