@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from idunlearn.hub_downloads import HF, download_commands, paper_downloads
+from idunlearn.hub_downloads import HF, download_block, download_commands, paper_downloads
 from paper_hub import build_paper_hub
 
 PAPER = yaml.safe_load((REPO / "config" / "celebahq.yaml").read_text())
@@ -49,9 +49,9 @@ def named(download, available: set[str]) -> set[str]:
 
 def test_the_page_shows_every_command():
     page = (REPO / "docs" / "paper-setup.md").read_text()
-    shown = [line for block in re.findall(r"```(?:sh|bash)?\n(.*?)```", page, re.S)
-             for line in block.splitlines() if line.startswith(f"{HF} download")]
-    assert shown == download_commands(PAPER), "docs/paper-setup.md: copy the commands idunlearn.hub_downloads gives"
+    blocks = [block for block in re.findall(r"```sh\n(.*?)\n```", page, re.S) if f"{HF} download" in block]
+    assert blocks == [download_block(PAPER)], "docs/paper-setup.md: copy the block idunlearn.hub_downloads gives"
+    assert len(download_commands(PAPER)) == len(DOWNLOADS) == 6
 
 
 def test_every_hub_artefact_is_pinned_but_ediffiqa():

@@ -3,7 +3,7 @@
 The list is built from the constants the loading code itself reads (repository, revision, file names), and from the
 paper config (the dataset's repo, revision and split; where eDifFIQA goes), so a command cannot name another revision
 than the one a run will ask the cache for. Each command names its files one by one: the shards of the dataset, whose
-names carry a hash, by the loader's own pattern. docs/paper-setup.md shows ``download_commands``; a test checks the
+names carry a hash, by the loader's own pattern. docs/paper-setup.md shows ``download_block``; a test checks the
 page against it and checks that the files named here are exactly those the stand-in hub (tests/paper_hub.py) lays
 out and the loaders read.
 """
@@ -75,10 +75,15 @@ def paper_downloads(config: dict) -> list[HubDownload]:
         if path.name != EDIFFIQA_ONNX:
             raise ValueError(f"evaluation.quality.ediffiqa_onnx: {quality} is not named {EDIFFIQA_ONNX}, the name "
                              "the download gives; name the file so, or download it by hand")
-        downloads.append(HubDownload("eDifFIQA(T) for face quality", EDIFFIQA_REPO, None, files=(EDIFFIQA_ONNX,),
-                                     local_dir=str(path.parent)))
+        downloads.append(HubDownload("eDifFIQA(T) for face quality (no revision pinned)", EDIFFIQA_REPO, None,
+                                     files=(EDIFFIQA_ONNX,), local_dir=str(path.parent)))
     return downloads
 
 
 def download_commands(config: dict) -> list[str]:
     return [download.command() for download in paper_downloads(config)]
+
+
+def download_block(config: dict) -> str:
+    """The shell block docs/paper-setup.md shows: each command under a comment saying what it fetches."""
+    return "\n".join(f"# {download.what}\n{download.command()}" for download in paper_downloads(config))
