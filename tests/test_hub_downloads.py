@@ -155,3 +155,15 @@ def test_the_loaders_open_exactly_the_named_files(hub, tmp_path):
         assert len(set(links.values())) == len(links), f"{download.repo}: files share a blob, reads are ambiguous"
         read = {f for f, blob in links.items() if str(blob) in opened}
         assert read == named(download, set(links)), download.repo
+
+
+def test_the_config_decides_the_dataset_dinov2_revision_and_ediffiqa():
+    config = {**PAPER, "dataset": {"celebahq": {**PAPER["dataset"]["celebahq"], "split": "validation"}},
+              "evaluation": {"kd": {"dinov2_revision": "a" * 40}, "quality": {"ediffiqa_onnx": None}}}
+    by_repo = {d.repo: d for d in paper_downloads(config)}
+    assert by_repo["jxie/celeba-hq"].include == ("data/validation-*.parquet",)
+    assert by_repo["facebook/dinov2-large"].revision == "a" * 40
+    assert "opencv/face_image_quality_assessment_ediffiqa" not in by_repo  # null: the detector-score proxy
+    config["evaluation"]["quality"]["ediffiqa_onnx"] = "models/quality.onnx"
+    with pytest.raises(ValueError, match="not named ediffiqa_tiny_jun2024.onnx"):
+        paper_downloads(config)
