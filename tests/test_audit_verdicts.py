@@ -198,3 +198,19 @@ def test_verdict_table_lists_identities_whose_recovery_gap_is_too_small(table):
     assert "at least 0.1" in line and "listed and not averaged: `piu` 2 (+0.05)." in line
     assert line.endswith("counts as full recovery (a failure): `piu` 3 (-0.02).")
     assert small_gap_line(identity_verdicts(table, **RULE)) == ""
+
+
+def test_docs_block_gives_counts_in_a_fixed_order_with_the_equivalence_design(tmp_path):
+    from idunlearn.docs import render_audit_verdicts
+
+    table = pd.DataFrame([*original(1, 0.7), *original(2, 0.7), *counted("retrain", 1, 0, 8),
+                          *counted("retrain", 2, 1, 8), *counted("piu", 1, 6, 8), *counted("piu", 2, 1, 8)])
+    (tmp_path / "tables").mkdir()
+    identity_verdicts(table, **RULE, reference="retrain").to_csv(tmp_path / "tables" / "audit_verdicts.csv", index=False)
+    block = render_audit_verdicts(tmp_path, "piu,retrain")
+    assert block.splitlines()[0] == "| run | hidden | undetermined | removed |"
+    assert "| `piu` | 1 (1) | 1 (2) | 0 |" in block and "| `retrain` | 0 | 0 | 2 (1, 2) |" in block
+    # retrain's pooled rate 1 / 16; 8 samples per arm drawn
+    needed = equivalence_samples(1 / 16, 0.1, 0.8)
+    assert (f"retrain's pooled attack success is 0.062, and with run and reference both at that rate the test shows "
+            f"equivalence with 80% power from {needed} samples per arm; with the 8 drawn its power is") in block

@@ -20,6 +20,7 @@ import pandas as pd
 
 from .audit.relearning_worstcase import worstcase_markdown
 from .audit.tables import ORIGINAL, TRAINED_AGAINST, headline, marked
+from .audit.verdicts import VERDICTS, design_sentence, small_gap_line
 from .config import load_schema
 from .evaluation.statistics import bootstrap_mean, mean_difference
 from .io import atomic_path, read_json
@@ -222,16 +223,20 @@ def render_audit_probes(results: Path, argument: str | None) -> str:
 
 
 def render_audit_verdicts(results: Path, argument: str | None) -> str:
-    """Per audited run, how many forget identities get each verdict (``tables/audit_verdicts.csv``), and which."""
+    """Per audited run, how many forget identities get each verdict (``tables/audit_verdicts.csv``), and which; below
+    it the equivalence test's design (margin, samples per arm drawn and needed, power) and the identities whose
+    relearning recovery is not averaged, where the table has them."""
     verdicts = _read(results, "tables", "audit_verdicts.csv")
     runs = _runs(argument) or sorted(verdicts["run"].unique())
     _require_runs(verdicts, runs, "tables/audit_verdicts.csv")
-    kinds = list(dict.fromkeys(verdicts["verdict"]))
+    kinds = [kind for kind in VERDICTS if kind in set(verdicts["verdict"])]  # most to least cautious
     rows = []
     for run in runs:
         part = verdicts[verdicts["run"] == run]
         rows.append([f"`{run}`", *(_identities_with(part, kind) for kind in kinds)])
-    return markdown_table(["run", *kinds], rows)
+    listed = verdicts[verdicts["run"].isin(runs)]
+    notes = [note for note in (design_sentence(listed), small_gap_line(listed)) if note]
+    return markdown_table(["run", *kinds], rows) + "".join(f"\n{note}\n" for note in notes)
 
 
 def _identities_with(part: pd.DataFrame, kind: str) -> str:

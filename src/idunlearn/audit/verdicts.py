@@ -44,7 +44,7 @@ VERDICTS = (NOT_FORGOTTEN, HIDDEN, HIDDEN_FIRST_ONLY, UNDETERMINED, REMOVED)  # 
 VERDICT_COLUMNS = ["run", "identity", "evaluation_fa", "photo_fa", "attack_fa", "attack_fa_second", "control_passes",
                    "upper_difference", "recovery_gap", "verdict", "reason"]
 # the equivalence test's design, the same on every row of a verdict table (NaN without a reference)
-DESIGN_COLUMNS = ["margin", "samples", "reference_rate", "samples_needed", "target_power", "power", "recovery_min_gap"]
+DESIGN_COLUMNS = ["reference", "margin", "samples", "reference_rate", "samples_needed", "target_power", "power", "recovery_min_gap"]
 RECOVERY_GAP = ("relearning", "k=0", "gap")  # the forget-ISM gap unlearning opened (relearning.with_recovery)
 # why an identity is undetermined (the ``reason`` column; empty for every other verdict)
 NO_ATTACK = "no attack ran (the attack probe is off in audit.probes, as in the default run's light audit)"
@@ -121,7 +121,8 @@ def equivalence_design(table: pd.DataFrame, reference: str | None, margin: float
     recognizers' where the second ran), the samples per arm at which the test reaches ``power`` when run and
     reference both succeed at that rate (a removed model: ``statistics.equivalence_samples``), and the power at the
     samples drawn. NaN (but the margin and power) where the reference was not audited with the attack."""
-    design = dict.fromkeys(DESIGN_COLUMNS, float("nan")) | {"margin": margin, "target_power": power}
+    design = dict.fromkeys(DESIGN_COLUMNS, float("nan")) | {"reference": reference, "margin": margin,
+                                                            "target_power": power}
     # the original model is the attack's control, not an arm of the test
     rates = []
     for metric in ("fa", "fa_second"):
@@ -265,13 +266,13 @@ def small_gap_line(verdicts: pd.DataFrame, code=lambda text: f"`{text}`") -> str
                if parts["negative"] else "")).strip()
 
 
-def design_sentence(verdicts: pd.DataFrame, reference: str) -> str:
+def design_sentence(verdicts: pd.DataFrame) -> str:
     """The equivalence test's design in words (margin, the reference's pooled rate, samples drawn and needed, the
     power of those drawn); empty where the reference was not audited with the attack."""
     design = verdicts[DESIGN_COLUMNS].iloc[0] if len(verdicts) else None
-    if design is None or np.isnan(design["samples_needed"]):
+    if design is None or pd.isna(design["samples_needed"]):
         return ""
-    return (f"The equivalence margin is {design['margin']:g}; {reference}'s pooled attack success is "
+    return (f"The equivalence margin is {design['margin']:g}; {design['reference']}'s pooled attack success is "
             f"{design['reference_rate']:.3f}, and with run and reference both at that rate the test shows "
             f"equivalence with {design['target_power']:.0%} power from {int(design['samples_needed'])} samples per arm; with the "
             f"{int(design['samples'])} drawn its power is {design['power']:.2f}.")
@@ -334,7 +335,7 @@ def verdict_markdown(verdicts: pd.DataFrame, comparisons: pd.DataFrame, rule: di
                 "identity (one-sided Fisher exact test, p < 0.05); removed only where an equivalence test shows the "
                 f"attack's success within {rule.get('equivalence_margin', 0.1):g} of {reference}'s (the one-sided 95% "
                 f"upper bound of the difference, Newcombe's hybrid score interval) and the attack passes its control; "
-                "undetermined otherwise, with the reason. " + design_sentence(verdicts, reference)
+                "undetermined otherwise, with the reason. " + design_sentence(verdicts)
                 if reference in set(verdicts["run"]) else
                 "; removed when not, and the attack passes its control on that identity; undetermined when it does "
                 "not."), "",
