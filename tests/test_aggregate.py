@@ -311,7 +311,8 @@ def test_a_jobs_time_says_what_it_measures():
     assert (job_seconds(archived), job_seconds_measure(archived)) == (120.0, "last session's wall time")
     metrics, counts, costs = _paired_tables()
     costs["seconds_measure"] = np.where(costs["run"] == "A", "last session's wall time", "every step summed")
-    table = paired_runs(metrics, counts, costs, {"compare": "A", "reference": "R"}, seed=0).set_index(["run", "measure"])
+    table = paired_runs(metrics, counts, costs, {"compare": "A", "reference": "R"}, seed=0)
+    table = table.set_index(["run", "measure"])
     assert table.loc[("A", "unlearning seconds per identity"), "measured"] == "last session's wall time"
     assert table.loc[("B", "unlearning seconds per identity"), "measured"] == "every step summed"
     assert pd.isna(table.loc[("B", "forget ISM"), "measured"])

@@ -39,7 +39,8 @@ def tiny_record(tmp_path_factory):
         patch.setattr(gpu_check, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
         for name in STAGE_SECONDS:
             patch.setattr(gpu_check, name, advancing(name))
-        assert gpu_check.main(["--tiny", "--device", "cpu", "--steps", "1", "--no-compile", "--output", str(out)]) == out
+        argv = ["--tiny", "--device", "cpu", "--steps", "1", "--no-compile", "--output", str(out)]
+        assert gpu_check.main(argv) == out
     return json.loads(out.read_text())
 
 
