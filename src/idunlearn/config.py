@@ -112,13 +112,16 @@ def check_external_models(config: dict) -> None:
 
 def check_external_generator(config: dict, key: str, folder: str) -> None:
     """An external whole generator needs the mini backend, and a folder that exists unless it is ``reference`` (the
-    never-trained reference: generator.reference.checkpoint, or train_generator_reference's output)."""
+    never-trained reference: generator.reference.checkpoint, or train_generator_reference's output) or a rebuilt
+    generator under <results_dir>/rebuild/ (the rebuild_budget rule's output)."""
     if config["generator"]["backend"] != "mini":
         raise ConfigError(f"config key '{key}.generator': a whole generator replaces generator.backend mini only "
                           f"(backend is {config['generator']['backend']!r}); give an Arc2Face model as a unet")
-    if folder != "reference" and not Path(folder).is_dir():
+    rebuilt = Path(os.path.abspath(config["results_dir"]), "rebuild") in Path(os.path.abspath(folder)).parents
+    if folder != "reference" and not rebuilt and not Path(folder).is_dir():
         raise ConfigError(f"config key '{key}.generator': {folder} is no folder; give a mini generator folder "
-                          "(model.safetensors + config.json) or `reference`")
+                          f"(model.safetensors + config.json), `reference`, or a rebuild's under "
+                          f"{config['results_dir']}/rebuild/ (`snakemake rebuild`)")
 
 
 EPSILON_BOUNDARIES = ("highest", "lowest")
