@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 from torch.nn.functional import normalize
 from torch.utils.flop_counter import FlopCounterMode
+from tqdm.auto import tqdm
 
 from .conditions import dirichlet_mixtures
 from .experiment import real_latents
@@ -227,7 +228,7 @@ def find_conditions(original: IdentityGenerator, data: RebuildData, forget_laten
     original.requires_grad_(False)
     rows, counter = [], PassCounter(searched_unet=original.unet)
     wall, cpu = time.perf_counter(), time.process_time()
-    for g, latents in enumerate(forget_latents):
+    for g, latents in enumerate(tqdm(forget_latents, desc="condition search", unit="person")):
         centre = torch.from_numpy(data.forget_centroids[g])
         gen = torch.Generator().manual_seed(seed + 1000 * g)
         kept = {-(-cfg["steps"] * k // cfg["checkpoints"]) for k in range(1, cfg["checkpoints"] + 1)}
@@ -454,3 +455,71 @@ def with_finds(data: RebuildData, found: pd.DataFrame) -> RebuildData:
     data.found = np.stack(found["embedding"].to_numpy()).astype(np.float32) if len(found) else None
     data.found_groups = found["group"].to_numpy() if len(found) else None
     return data
+
+
+def meta_sample_flops(unet_config: dict, cross_attention_tokens: int = 77) -> dict:
+    """FLOPs of one sample through a UNet of ``unet_config`` built on the meta device (no weights, no memory, no
+    time): a forward, a training pass (forward + backward to every weight) and PIU's surgical training pass
+    (backward to the surgical cross-attention weights only), by FlopCounterMode with explicit attention matmuls."""
+    from diffusers import UNet2DConditionModel
+
+    from .models.layers import select_trainable
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**unet_config)
+        size, channels = unet.config.sample_size, unet.config.in_channels
+        x, t = torch.empty(1, channels, size, size), torch.full((1,), 500)
+        cond = torch.empty(1, cross_attention_tokens, unet.config.cross_attention_dim)
+
+    def flops(run) -> int:
+        with _plain_attention(unet), FlopCounterMode(display=False) as counter:
+            run()
+        return counter.get_total_flops()
+
+    with torch.no_grad():
+        forward = flops(lambda: unet(x, t, encoder_hidden_states=cond))
+    train = flops(lambda: unet(x, t, encoder_hidden_states=cond).sample.sum().backward())
+    unet.requires_grad_(False)
+    select_trainable(unet, "surgical")
+    surgical = flops(lambda: unet(x, t, encoder_hidden_states=cond).sample.sum().backward())
+    return {"forward": forward, "train": train, "surgical_train": surgical}
+
+
+def paper_price(flops: dict, retrain_samples: float, budgets=(10, 25, 50), people=(1, 12, 100, 1000),
+                piu_steps: int = 400, piu_batch: int = 32) -> pd.DataFrame:
+    """The rebuild priced at the paper's scale: per person of a batch of N removed together, in PFLOP and in PIU
+    jobs. Retraining is ``retrain_samples`` training passes; a rebuild at budget b spends b% of that (a training pass
+    and a teacher forward per distilled sample, the search included in the budget); a PIU job (paper recipe) is
+    ``piu_steps`` steps of 3 x batch frozen forwards (anchor, forget and retain targets) and 2 x batch surgical
+    training passes."""
+    piu = piu_steps * (3 * piu_batch * flops["forward"] + 2 * piu_batch * flops["surgical_train"])
+    rows = []
+    for budget in budgets:
+        total = budget / 100 * retrain_samples * flops["train"]
+        for n in people:
+            rows.append({"budget_percent": budget, "people": n, "pflop_per_person": total / n / 1e15,
+                         "piu_jobs_per_person": total / n / piu, "retrain_pflop": retrain_samples * flops["train"]
+                         / 1e15, "piu_job_pflop": piu / 1e15})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    """`python -m idunlearn.rebuild price`: the rebuild priced for Arc2Face (the SD1.5 UNet) against PIU."""
+    import argparse
+
+    from .models.arc2face import sd15_unet_config
+
+    parser = argparse.ArgumentParser(prog="python -m idunlearn.rebuild", description=main.__doc__)
+    parser.add_argument("command", choices=["price"])
+    parser.add_argument("--retrain-samples", type=float, default=21e6,
+                        help="training passes of retraining Arc2Face (default: one epoch of its 21M training faces)")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[10, 25, 50])
+    parser.add_argument("--people", type=int, nargs="+", default=[1, 12, 100, 1000])
+    args = parser.parse_args(argv)
+    table = paper_price(meta_sample_flops(sd15_unet_config()), args.retrain_samples, args.budgets, args.people)
+    print(table.to_markdown(index=False, floatfmt=".3g"))
+    return table
+
+
+if __name__ == "__main__":
+    main()
