@@ -138,6 +138,58 @@ use rule audit_original as audit_external with:
         logs("audit/external/{external}/{identity}"),
 
 
+# The worst-case relearning protocol (audit.probes.relearning_worstcase): a job of its own per audited (run, identity)
+# and external model, beside the audit jobs (their params leave the probe out), so that turning it on reruns none of
+# them; its rows join the audit table.
+rule audit_worstcase:
+    input:
+        changed=rules.unlearn.output.changed,
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        verification=rules.calibrate_verification.output[0],
+    output:
+        rows=results("audit", "worstcase", "{run}", "{identity}", "rows.parquet"),
+    params:
+        probe=worstcase_settings,
+        evaluation=evaluation_settings(),
+        generator=config["generator"],
+        faces=config["faces"],
+        device=config["unlearning"]["device"],
+        seed=config["seed"],
+    threads: JOB_THREADS
+    resources:
+        gpu=1,
+        mem_mb=8000,
+    log:
+        logs("audit/worstcase/{run}/{identity}"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/audit_worstcase.py"
+
+
+use rule audit_worstcase as audit_worstcase_external with:
+    input:
+        unpack(external_model),
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        verification=rules.calibrate_verification.output[0],
+    output:
+        rows=results("audit", "worstcase", "external", "{external}", "{identity}", "rows.parquet"),
+    log:
+        logs("audit/worstcase/external/{external}/{identity}"),
+
+
 # What the audit jobs share (the selection, the verification thresholds, the original model's evaluation of each
 # audited identity): built on its own before a job archive is restored, so that the resumed run does not rebuild it
 # and so redo the archived jobs (docs/audit.md, python -m idunlearn archive).
@@ -158,6 +210,7 @@ rule audit_tables:
                           for run, identity in audited_pairs()]
         + [expand(rules.audit_external.output.rows, external=name, identity=identity)[0]
            for name, identity in audited_external_pairs()],
+        worstcase=lambda wc: worstcase_rows(),
     output:
         table=results("tables", "audit.parquet"),
         csv=report(results("tables", "audit.csv"), category="Forgetting audit"),

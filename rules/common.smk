@@ -151,17 +151,30 @@ def audited(name):
 
 
 def audit_probes(wildcards):
-    """An audit job's probes (config ``audit.probes``): the original model's job runs no worst-case relearning
-    protocol (its cells are read beside the never-trained reference, not the original), and the first
-    ``spread_identities`` forget identities get ``spread_seeds`` seeds of it. Without that probe the config's own."""
+    """An audit job's probes (config ``audit.probes``) without the worst-case relearning protocol, which runs as jobs
+    of its own (rule audit_worstcase), so that turning it on reruns no cached audit job."""
     probes = config["audit"]["probes"]
     if "relearning_worstcase" not in probes:
         return probes
-    if not hasattr(wildcards, "run") and not hasattr(wildcards, "external"):  # the original model
-        return {name: cfg for name, cfg in probes.items() if name != "relearning_worstcase"}
-    cfg = probes["relearning_worstcase"]
+    return {name: cfg for name, cfg in probes.items() if name != "relearning_worstcase"}
+
+
+def worstcase_settings(wildcards):
+    """The worst-case relearning protocol's settings for one forget identity: the first ``spread_identities``
+    forget identities get ``spread_seeds`` seeds, the others ``seeds``."""
+    cfg = config["audit"]["probes"]["relearning_worstcase"]
     spread = int(wildcards.identity) in forget_identities()[:cfg["spread_identities"]]
-    return {**probes, "relearning_worstcase": {**cfg, "seeds": cfg["spread_seeds"] if spread else cfg["seeds"]}}
+    return {**cfg, "seeds": cfg["spread_seeds"] if spread else cfg["seeds"]}
+
+
+def worstcase_rows():
+    """The worst-case relearning protocol's rows of every audited run and external model (none while it is off)."""
+    if "relearning_worstcase" not in config["audit"]["probes"]:
+        return []
+    return ([expand(rules.audit_worstcase.output.rows, run=run, identity=identity)[0]
+             for run, identity in audited_pairs()]
+            + [expand(rules.audit_worstcase_external.output.rows, external=name, identity=identity)[0]
+               for name, identity in audited_external_pairs()])
 
 
 def audited_training():

@@ -7,7 +7,6 @@ from idunlearn.audit.inversion import inversion_rows
 from idunlearn.audit.probes import probe_set
 from idunlearn.audit.relearning import control_relearning, forget_relearning
 from idunlearn.audit.relearning_heldout import heldout_relearning_rows
-from idunlearn.audit.relearning_worstcase import worstcase_relearning_rows
 from idunlearn.audit.run import audit_rows, score_probes
 from idunlearn.audit.second_recognizer import SecondRecognizer, second_evaluation_rows, second_probe_rows
 from idunlearn.audit.trajectory import trajectory_probe
@@ -55,9 +54,6 @@ with stage_log(snakemake.log[0], "audit") as log:
         extra += heldout_relearning_rows(generator, analyser, selection, manifest, faces, labels, centroids,
                                          p.evaluation, p.probes["relearning"], p.probes["relearning_heldout"], tau,
                                          p.seed, ism_before)
-    if "relearning_worstcase" in p.probes:  # fresh copies of the generator; not in the original model's job
-        extra += worstcase_relearning_rows(generator, analyser, selection, manifest, faces, labels, centroids,
-                                           p.evaluation, p.probes["relearning_worstcase"], tau, p.seed)
     if "relearning" in p.probes:  # last: it fine-tunes the generator in place
         common = (generator, analyser, selection, manifest, faces, labels, centroids, p.evaluation,
                   p.probes["relearning"], tau, p.seed)

@@ -24,9 +24,8 @@ with stage_log(snakemake.log[0], "audit_tables"):
     i, out, params = snakemake.input, snakemake.output, snakemake.params
     marks = trained_against(params.training, params.probes)
     # recovery, ISM regained and gap derived from the jobs' ISM rows (audit.verdict.recovery_min_gap)
-    table = mark_trained_against(with_recovery(audit_table([job(p, True) for p in i.before]
-                                                           + [job(p, False) for p in i.after]),
-                                               params.verdict["recovery_min_gap"]), marks)
+    jobs = [job(p, True) for p in i.before] + [job(p, False) for p in [*i.after, *i.worstcase]]
+    table = mark_trained_against(with_recovery(audit_table(jobs), params.verdict["recovery_min_gap"]), marks)
     summary = audit_summary(table, params.seed)
     verdicts = identity_verdicts(table, **params.verdict)
     comparisons = paired_comparisons(table, params.reference, params.seed)

@@ -85,8 +85,8 @@ def _values(value) -> list:
 def training_attacks(config: dict, run: str) -> list[dict]:
     """The attacks unlearning run ``run`` trains against, read from its settings in ``config`` (validated):
     [{attack, lr_low, lr_high, data, setting, seeds}] (an inner attack switched off by one of its ``switch``
-    settings is left out). A tuned run (``<run>.tuned``) may train at any value its tuning grid offers: the range covers them all.
-    An external model (not in unlearning.runs) trains against nothing."""
+    settings is left out). A tuned run (``<run>.tuned``) may train at any value its tuning grid offers: the range
+    covers them all. An external model (not in unlearning.runs) trains against nothing."""
     if run not in config["unlearning"]["runs"]:
         return []
     settings = run_config(config, run)

@@ -1,10 +1,10 @@
 """Worst-case relearning protocol: how much of a forgotten person fine-tuning brings back, beyond what it teaches a
 model that never saw them, at the attacker's best learning rate and regime.
 
-In each audited model's job (audit.probes.relearning_worstcase): one fine-tuning run of a fresh copy of the model per
-(learning rate, regime, seed) on the forget-train photos (the relearning probe's step, audit/relearning.py ``relearn``
-with unlearning/finetune.py's recipe), measured on the evaluation's forget samples (ISM and FA) at every step count,
-checkpoints of that one run. The seeds come from the held-out stream and are the same in every run's job, so the
+In a job of its own per audited model and identity (audit.probes.relearning_worstcase, rule audit_worstcase): one
+fine-tuning run of a fresh copy of the model per (learning rate, regime, seed) on the forget-train photos (the
+relearning probe's step, audit/relearning.py ``relearn`` with unlearning/finetune.py's recipe), measured on the
+evaluation's forget samples (ISM and FA) at every step count, checkpoints of that one run. The seeds come from the held-out stream and are the same in every run's job, so the
 never-trained reference (``retrain``) fine-tuned in its own job on the same identity meets the same batches and noise:
 each cell (run, learning rate, regime, steps, seed, identity) stands beside the reference's, and the excess
 run - reference is what the run still remembers (at 1e-3 fine-tuning teaches even the reference a new person).
@@ -79,9 +79,10 @@ def worstcase_relearning_rows(generator: IdentityGenerator, analyser: FaceAnalys
 
 
 def worstcase_cells(table: pd.DataFrame, reference: str | None) -> pd.DataFrame:
-    """Every worst-case cell of every audited run but the reference (and the original model), beside the ``reference`` run's value in the same
-    cell (learning rate, regime, steps, seed, identity, metric) and the excess run - reference (NaN where the
-    reference has no such cell) (``CELL_COLUMNS``; ``table``: the audit table, ``trained_against`` marked)."""
+    """Every worst-case cell of every audited run but the reference (and the original model), beside the
+    ``reference`` run's value in the same cell (learning rate, regime, steps, seed, identity, metric) and the excess
+    run - reference (NaN where the reference has no such cell) (``CELL_COLUMNS``; ``table``: the audit table,
+    ``trained_against`` marked)."""
     part = table[table["probe"].str.startswith(f"{WORSTCASE}:")]
     if part.empty:
         return pd.DataFrame(columns=CELL_COLUMNS)
