@@ -48,7 +48,8 @@ MANIFEST = "MANIFEST.json"
 # unlearned models and images (megabytes each, read by that run's audit job alone). The original model's evaluation
 # is rebuilt by target audit_inputs.
 AUDIT_PATTERNS = ("{results}/audit/before/*/rows.parquet", "{results}/audit/after/*/*/rows.parquet",
-                  "{results}/audit/external/*/*/rows.parquet", "{results}/tables/tuning/*",
+                  "{results}/audit/external/*/*/rows.parquet", "{results}/audit/worstcase/*/*/rows.parquet",
+                  "{results}/audit/worstcase/external/*/*/rows.parquet", "{results}/tables/tuning/*",
                   "{results}/tuning/selection/*", "{results}/tuning/selection/identities/*",
                   "{results}/evaluation/after/*/*/metrics.json", "{results}/evaluation/after/*/*/samples.parquet",
                   "{results}/evaluation/external/*/*/metrics.json",
