@@ -157,3 +157,19 @@ def test_unit_weights_follow_the_one_to_two_rule_and_the_search_is_counted():
     # 2 people x 2 starts x 3 steps x batch 2 searched; each person's 2 candidates scored on one batch of 2
     assert ledger["passes"] == {"train": 0, "search": 24, "forward": 8}
     assert budget_units(ledger["passes"], weights) == pytest.approx(24 * weights["search"] + 8 * weights["forward"])
+
+
+def test_a_rebuilt_generator_is_trained_against_the_embedding_search_only():
+    from idunlearn.audit.heldout import trained_against, training_attacks
+
+    config = {"results_dir": "results", "unlearning": {"runs": {}},
+              "rebuild": {"defaults": {"search": {"lr": 0.01}}, "runs": {"rb": {"alpha": 1.0}}},
+              "evaluation": {"external": [{"name": "rb.b25", "generator": "results/rebuild/rb/b25"},
+                                          {"name": "retrain", "generator": "reference"},
+                                          {"name": "elsewhere", "generator": "models/rebuild/rb/b25"}]}}
+    assert training_attacks(config, "retrain") == training_attacks(config, "elsewhere") == []
+    probes = {"attack": {"lr": 0.01}, "attack_heldout": {}, "relearning": {"lr": 1e-4}}
+    marks = trained_against({"rb.b25": training_attacks(config, "rb.b25")}, probes).set_index("probe")
+    assert marks["trained_against"].to_dict() == {"attack": True, "attack_heldout": True, "relearning": False}
+    probes["attack"]["lr"] = 0.02  # another step size: held out
+    assert not trained_against({"rb.b25": training_attacks(config, "rb.b25")}, probes)["trained_against"].any()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import zlib
 
 import numpy as np
@@ -86,9 +87,10 @@ def training_attacks(config: dict, run: str) -> list[dict]:
     """The attacks unlearning run ``run`` trains against, read from its settings in ``config`` (validated):
     [{attack, lr_low, lr_high, data, setting, seeds}] (an inner attack switched off by one of its ``switch``
     settings is left out). A tuned run (``<run>.tuned``) may train at any value its tuning grid offers: the range
-    covers them all. An external model (not in unlearning.runs) trains against nothing."""
+    covers them all. An external model (not in unlearning.runs) trains against nothing, except a rebuilt generator
+    (``rebuild_training_attacks``)."""
     if run not in config["unlearning"]["runs"]:
-        return []
+        return rebuild_training_attacks(config, run)
     settings = run_config(config, run)
     grid = config["tuning"]["methods"].get(tuned_base(run), {}).get("grid", {}) if tuned_base(run) else {}
     attacks = []
@@ -100,6 +102,23 @@ def training_attacks(config: dict, run: str) -> list[dict]:
         attacks.append({"attack": kind, "lr_low": float(min(rates)), "lr_high": float(max(rates)),
                         "data": declared["data"], "setting": declared["lr"], "seeds": declared["seeds"]})
     return attacks
+
+
+def rebuild_training_attacks(config: dict, model: str) -> list[dict]:
+    """The attacks an external model that is a rebuild's output (its generator folder <results_dir>/rebuild/<run>/
+    b<budget>) trains against: the embedding search (unlearning/adversarial.py, on the forget-train photos) whose
+    finds its student is taught to draw as the anchor. The search ran on the original model, not the student, but
+    with the audit attack's step function, data and learning rate: an attack of that kind is not held out for it."""
+    from ..rebuild import rebuild_settings
+
+    entry = next((e for e in config["evaluation"]["external"] if e["name"] == model), {})
+    folder = os.path.abspath(entry.get("generator", ""))
+    root = os.path.join(os.path.abspath(config["results_dir"]), "rebuild")
+    if os.path.dirname(os.path.dirname(folder)) != root:
+        return []
+    search = rebuild_settings(config["rebuild"], os.path.basename(os.path.dirname(folder)))["search"]
+    return [{"attack": "embedding_search", "lr_low": float(search["lr"]), "lr_high": float(search["lr"]),
+             "data": FORGET_TRAIN, "setting": "rebuild search.lr", "seeds": "the rebuild's seed"}]
 
 
 def audit_attacks(probes: dict) -> dict[str, dict]:
