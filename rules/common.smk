@@ -420,3 +420,10 @@ def rebuild_previous_budget(wildcards):
         raise ValueError(f"rebuild run {wildcards.name!r} has no budget {wildcards.budget}% (config "
                          f"'rebuild' budgets {rebuild_run(wildcards.name)['budgets']})")
     return {"previous": results("rebuild", wildcards.name, f"b{max(smaller)}", "model.safetensors")} if smaller else {}
+
+
+def rebuild_models():
+    """External model name -> (rebuild run, budget) of every evaluation.external entry that loads a rebuild's output."""
+    made = {os.path.normpath(results("rebuild", run, f"b{budget}")): (run, budget) for run, budget in rebuild_jobs()}
+    return {entry["name"]: made[os.path.normpath(entry["generator"])] for entry in config["evaluation"]["external"]
+            if os.path.normpath(entry.get("generator", "")) in made}

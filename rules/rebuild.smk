@@ -80,3 +80,29 @@ rule rebuild_budget:
 rule rebuild:
     input:
         [results("rebuild", name, f"b{budget}", "model.safetensors") for name, budget in rebuild_jobs()],
+
+
+rule rebuild_tables:
+    input:
+        ledgers=lambda wc: [results("rebuild", run, f"b{budget}", "ledger.json")
+                            for run, budget in rebuild_models().values()],
+        rebuilt=lambda wc: external_outputs("metrics", [(m, i) for m, i in external_identity_pairs()
+                                                         if m in rebuild_models()]),
+        reference=lambda wc: external_outputs("metrics", [(m, i) for m, i in external_identity_pairs()
+                                                           if m == config["audit"]["verdict"]["reference"]]),
+        compared=lambda wc: expand(rules.evaluate_unlearned.output.metrics, run=config["audit"]["compare_to"],
+                                   identity=forget_identities()),
+    output:
+        curve=report(results("tables", "rebuild_curve.csv"), category="Rebuild"),
+        targets=report(results("tables", "rebuild_targets.csv"), category="Rebuild"),
+    params:
+        models=lambda wc: rebuild_models(),
+        reference=config["audit"]["verdict"]["reference"],
+        compare_to=config["audit"]["compare_to"],
+        seed=config["seed"],
+    log:
+        logs("rebuild_tables"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/rebuild_tables.py"

@@ -447,6 +447,8 @@ RENDERERS: dict[str, Callable[[Path, str | None], str]] = {
     "audit.evaluation": render_audit_evaluation,
     "evaluation.external": render_external_evaluation,
     "controllable.front": render_file_table("tables", "pareto_summary.csv"),
+    "rebuild.curve": render_file_table("tables", "rebuild_curve.csv"),
+    "rebuild.targets": render_file_table("tables", "rebuild_targets.csv"),
     "many.joint": render_many_jobs("many_joint.csv"),
     "many.sequential": render_many_jobs("many_sequential.csv"),
     "many.merge": render_many_jobs("many_merge.csv"),
