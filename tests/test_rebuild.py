@@ -173,3 +173,33 @@ def test_a_rebuilt_generator_is_trained_against_the_embedding_search_only():
     assert marks["trained_against"].to_dict() == {"attack": True, "attack_heldout": True, "relearning": False}
     probes["attack"]["lr"] = 0.02  # another step size: held out
     assert not trained_against({"rb.b25": training_attacks(config, "rb.b25")}, probes)["trained_against"].any()
+
+
+def test_evaluation_targets_by_hand():
+    from idunlearn.rebuild_tables import rebuild_tables
+
+    rows = []
+    for model, forget, retain, kd in [("retrain", [0.2] * 3, [0.69, 0.7, 0.71], [20.0] * 3),
+                                      ("piu", [0.05] * 3, [0.7] * 3, [30.0] * 3),
+                                      ("rb.b25", [0.22, 0.21, 0.23], [0.6, 0.68, 0.7], [21.0, 22.0, 21.0])]:
+        rows += [{"model": model, "identity": i, "ism_forget": f, "ism_retain": r, "kd_retain": k}
+                 for i, f, r, k in zip([3, 7, 9], forget, retain, kd)]
+    ledger = {"budget_percent": 25, "alpha": 1.0, "fraction_of_retrain": 0.25, "units": 40000.0,
+              "passes": {"train": 100, "forward": 100, "search": 10}, "seconds_cpu": 12.0,
+              "seconds_cpu_per_person": 4.0, "identities": 3}
+    curve, targets = rebuild_tables({"rb.b25": ledger}, pd.DataFrame(rows), "piu", seed=0)
+    assert curve.iloc[0][["forget_ism", "retain_ism", "kd_retain"]].tolist() == pytest.approx([0.22, 0.66, 64 / 3])
+    assert curve.iloc[0]["forget_ism_retrain"] == pytest.approx(0.2)
+    t = targets.set_index("target")
+    half = 4.302652729911275 / np.sqrt(3)  # t(0.975, 2 df) / sqrt(n)
+    # forget ISM - (retrain + 0.05) = -0.03, -0.04, -0.02: sd 0.01, the whole interval below 0
+    forget = t.loc["forget ISM <= retrain + 0.05"]
+    assert forget["mean_diff"] == pytest.approx(-0.03) and forget["t_high"] == pytest.approx(-0.03 + 0.01 * half)
+    assert forget["met"]
+    # retain ISM - 0.95 x 0.7 = -0.065, 0.015, 0.035: mean -0.005, missed
+    retain = t.loc["retain ISM >= 0.95 x PIU"]
+    assert retain["mean_diff"] == pytest.approx(-0.005) and not retain["met"]
+    # KD - 1.1 x 20 = -1, 0, -1: mean -2/3, sd 0.577: the interval reaches above 0, not shown
+    kd = t.loc["retain KD <= 1.10 x retrain"]
+    assert kd["t_high"] == pytest.approx(-2 / 3 + np.std([-1, 0, -1], ddof=1) * half) and not kd["met"]
+    assert len(targets) == 3
