@@ -352,7 +352,8 @@ def test_many_identities_jointly_in_chains_and_merged_and_a_changed_identity_rer
     assert keys_values["settings"]["merge_mixtures"] == 32  # a closed form: it reads the merge settings
     assert set(tables["strategies"]["strategy"]) == {"joint", "sequential/none", "sequential/replay", "merge/sum",
                                                      "merge/keys_values"}
-    assert len(tables["comparisons"]) == 10 * 6  # 10 pairs of strategies x 6 metrics
+    # 10 pairs of strategies x 7 metrics: 5 compared per order, 2 per (order, identity)
+    assert len(tables["comparisons"]) == 10 * 7 and set(tables["comparisons"]["unit"]) == {"order", "order x identity"}
     replay = json.loads((res / "many" / "piu" / "o0" / "replay" / "step2" / "timings.json").read_text())
     assert replay["run"]["forget_batch"] == 2 + 8 and replay["weights"] == [8.0, 2.0]  # replay batch, own batch
     for mode in ("joint", "sequential"):
