@@ -106,3 +106,28 @@ rule rebuild_tables:
         "../environment.yml"
     script:
         "../workflow/scripts/rebuild_tables.py"
+
+
+rule rebuild_grid:
+    input:
+        original=rules.evaluate_original.output.images,
+        original_samples=rules.evaluate_original.output.samples,
+        rebuilt=lambda wc: expand(rules.evaluate_external.output.images, external=wc.external, identity=wc.identity),
+        rebuilt_samples=lambda wc: expand(rules.evaluate_external.output.samples, external=wc.external,
+                                          identity=wc.identity),
+        reference=lambda wc: expand(rules.evaluate_external.output.images,
+                                    external=config["audit"]["verdict"]["reference"], identity=wc.identity),
+        reference_samples=lambda wc: expand(rules.evaluate_external.output.samples,
+                                            external=config["audit"]["verdict"]["reference"], identity=wc.identity),
+    output:
+        forget=report(results("figures", "rebuild", "{external}", "{identity}_forget.png"), category="Rebuild"),
+        retain=report(results("figures", "rebuild", "{external}", "{identity}_retain.png"), category="Rebuild"),
+    params:
+        reference=config["audit"]["verdict"]["reference"],
+        per_row=8,
+    log:
+        logs("rebuild_grid/{external}/{identity}"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/rebuild_grid.py"

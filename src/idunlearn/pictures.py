@@ -105,25 +105,33 @@ def sample_grid(rows: list[tuple[str, np.ndarray]], path: str | Path, col_labels
     plt.close(fig)
 
 
+def _samples_of(images_npz, samples, kind: str, per_row: int) -> tuple[np.ndarray, list[str]]:
+    """The first ``per_row`` samples of ``kind`` (forget or retain) of one evaluation (its images.npz and
+    samples.parquet) with captions: each sample's cosine to its own identity."""
+    import pandas as pd
+
+    scored = pd.read_parquet(samples)
+    mask = (scored["kind"] == kind).to_numpy()
+    cos = scored.loc[mask, "own_cosine"].to_numpy()[:per_row]
+    return np.load(images_npz)["samples"][mask][:per_row], [f"{c:.2f}" for c in cos]
+
+
 def before_after_grids(before_npz, before_samples, after_npz, after_samples, run: str, forget_path, retain_path,
                        per_row: int = 8) -> None:
     """PIU Fig. 4 (forget: original, anchor and unlearned rows) and Fig. 5 (retain: before and after rows), same
     conditions and initial noise in each column; captions give the cosine to the sample's own identity."""
-    import pandas as pd
-
-    before, after = np.load(before_npz), np.load(after_npz)
-    scored = {"before": pd.read_parquet(before_samples), "after": pd.read_parquet(after_samples)}
-
-    def part(kind: str, which: str, images: np.ndarray):
-        mask = (scored[which]["kind"] == kind).to_numpy()
-        cos = scored[which].loc[mask, "own_cosine"].to_numpy()[:per_row]
-        return images[mask][:per_row], [f"{c:.2f}" for c in cos]
-
-    f_before, c_before = part("forget", "before", before["samples"])
-    f_after, c_after = part("forget", "after", after["samples"])
-    anchor = before["anchor"][:per_row]
+    f_before, c_before = _samples_of(before_npz, before_samples, "forget", per_row)
+    f_after, c_after = _samples_of(after_npz, after_samples, "forget", per_row)
+    anchor = np.load(before_npz)["anchor"][:per_row]
     sample_grid([("original", f_before), ("anchor", anchor), (run, f_after)], forget_path,
                 captions=[c_before, [""] * len(anchor), c_after])
-    r_before, rc_before = part("retain", "before", before["samples"])
-    r_after, rc_after = part("retain", "after", after["samples"])
+    r_before, rc_before = _samples_of(before_npz, before_samples, "retain", per_row)
+    r_after, rc_after = _samples_of(after_npz, after_samples, "retain", per_row)
     sample_grid([("before", r_before), (run, r_after)], retain_path, captions=[rc_before, rc_after])
+
+
+def compared_grid(evaluations: list[tuple[str, str, str]], kind: str, path, per_row: int = 8) -> None:
+    """One row per evaluation (label, images.npz, samples.parquet) of the same identity, conditions and initial
+    noise: the original, a rebuilt generator and the never-trained reference side by side, ``kind`` samples."""
+    rows = [(label, *_samples_of(npz, samples, kind, per_row)) for label, npz, samples in evaluations]
+    sample_grid([(label, images) for label, images, _ in rows], path, captions=[c for _, _, c in rows])
