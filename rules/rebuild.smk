@@ -95,6 +95,7 @@ rule rebuild_tables:
     output:
         curve=report(results("tables", "rebuild_curve.csv"), category="Rebuild"),
         targets=report(results("tables", "rebuild_targets.csv"), category="Rebuild"),
+        figure=report(results("figures", "rebuild", "curve.png"), category="Rebuild"),
     params:
         models=lambda wc: rebuild_models(),
         reference=config["audit"]["verdict"]["reference"],

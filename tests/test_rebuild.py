@@ -175,7 +175,8 @@ def test_a_rebuilt_generator_is_trained_against_the_embedding_search_only():
     assert not trained_against({"rb.b25": training_attacks(config, "rb.b25")}, probes)["trained_against"].any()
 
 
-def test_evaluation_targets_by_hand():
+def test_evaluation_targets_by_hand(tmp_path):
+    from idunlearn.pictures import rebuild_curve
     from idunlearn.rebuild_tables import rebuild_tables
 
     rows = []
@@ -203,3 +204,5 @@ def test_evaluation_targets_by_hand():
     kd = t.loc["retain KD <= 1.10 x retrain"]
     assert kd["t_high"] == pytest.approx(-2 / 3 + np.std([-1, 0, -1], ddof=1) * half) and not kd["met"]
     assert len(targets) == 3
+    rebuild_curve(curve, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 0

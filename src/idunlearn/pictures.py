@@ -135,3 +135,24 @@ def compared_grid(evaluations: list[tuple[str, str, str]], kind: str, path, per_
     noise: the original, a rebuilt generator and the never-trained reference side by side, ``kind`` samples."""
     rows = [(label, *_samples_of(npz, samples, kind, per_row)) for label, npz, samples in evaluations]
     sample_grid([(label, images) for label, images, _ in rows], path, captions=[c for _, _, c in rows])
+
+
+def rebuild_curve(curve, path) -> None:
+    """The rebuild's compute-robustness curve (tables/rebuild_curve.csv): forget and retain ISM of each rebuilt
+    generator against its share of retraining's compute, one line per run (alpha), with `retrain`'s forget ISM
+    (+ 0.05, the target) and 0.95 x PIU's retain ISM (the target) as bars."""
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharex=True)
+    for (run, part), marker in zip(curve.groupby("run"), "osd^v"):
+        part = part.sort_values("fraction_of_retrain")
+        alpha = part["alpha"].iloc[0]
+        for ax, column in zip(axes, ("forget_ism", "retain_ism")):
+            ax.plot(part["fraction_of_retrain"], part[column], marker=marker, label=f"{run} (alpha {alpha:g})")
+    axes[0].axhline(curve["forget_ism_retrain"].iloc[0] + 0.05, color="grey", ls="--", label="retrain + 0.05")
+    axes[1].axhline(0.95 * curve["retain_ism_piu"].iloc[0], color="grey", ls="--", label="0.95 x PIU")
+    for ax, title in zip(axes, ("forget ISM (lower removes more)", "retain-validation ISM")):
+        ax.set_xlabel("compute, share of retraining")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=150)
+    plt.close(fig)

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 from idunlearn.io import read_json, write_csv
+from idunlearn.pictures import rebuild_curve
 from idunlearn.rebuild_tables import metrics_table, rebuild_tables
 from idunlearn.runlog import stage_log
 
@@ -13,3 +14,4 @@ with stage_log(snakemake.log[0], snakemake.rule):
     curve, targets = rebuild_tables(dict(zip(models, map(read_json, i.ledgers))), metrics, p.compare_to, p.seed)
     write_csv(curve, out.curve)
     write_csv(targets, out.targets)
+    rebuild_curve(curve, out.figure)
