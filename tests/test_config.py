@@ -30,18 +30,23 @@ def overlaid(overlays: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"],
+                                      ["study.yaml", "robust.yaml", "rebuild.yaml"],
                                       ["many.yaml"], ["many.yaml", "many-one-order.yaml"], ["request.yaml"]])
 def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     cfg = overlaid(overlays)
     if "robust.yaml" in overlays:
         assert cfg["unlearning"]["runs"]["piu_robust"]["method"] == "piu_robust"
-        assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "uce.tuned", "esd.tuned",
-                                        "retrain"]
+        if "rebuild.yaml" not in overlays:
+            assert cfg["audit"]["runs"] == ["piu_100", "piu_robust", "piu_meta", "piu_meta_at_theta", "uce.tuned",
+                                            "esd.tuned", "retrain"]
         assert "siss" in cfg["unlearning"]["runs"]
         # piu_meta is piu_robust's run (a YAML merge key) with its own method and meta-learning settings
         robust, meta = cfg["unlearning"]["runs"]["piu_robust"], cfg["unlearning"]["runs"]["piu_meta"]
         assert {k: v for k, v in meta.items() if k != "method" and not k.startswith("meta_")} == \
             {k: v for k, v in robust.items() if k != "method"} and meta["method"] == "piu_meta"
+    if "rebuild.yaml" in overlays:  # every rebuilt generator is an external model beside retrain, audited
+        rebuilt = [e["name"] for e in cfg["evaluation"]["external"] if e["generator"].startswith("results/rebuild/")]
+        assert len(rebuilt) == 7 and set(rebuilt) <= set(cfg["audit"]["runs"])
     if "study.yaml" in overlays:  # the never-trained reference is audited as run retrain on the selection
         assert "retrain" in cfg["audit"]["runs"] and cfg["audit"]["verdict"]["reference"] == "retrain"
         assert {"name": "retrain", "generator": "reference", "identities": "selection"} in cfg["evaluation"]["external"]
