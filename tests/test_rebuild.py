@@ -166,8 +166,11 @@ def test_a_rebuilt_generator_is_trained_against_the_embedding_search_only():
               "rebuild": {"defaults": {"search": {"lr": 0.01}}, "runs": {"rb": {"alpha": 1.0}}},
               "evaluation": {"external": [{"name": "rb.b25", "generator": "results/rebuild/rb/b25"},
                                           {"name": "retrain", "generator": "reference"},
-                                          {"name": "elsewhere", "generator": "models/rebuild/rb/b25"}]}}
+                                          {"name": "elsewhere", "generator": "models/rebuild/rb/b25"},
+                                          {"name": "shipped", "generator": "data/shipped/mini-arc2face-rebuild"}]}}
     assert training_attacks(config, "retrain") == training_attacks(config, "elsewhere") == []
+    # the shipped rebuilt generator carries its search settings in its config.json
+    assert training_attacks(config, "shipped")[0]["lr_low"] == 0.01
     probes = {"attack": {"lr": 0.01}, "attack_heldout": {}, "relearning": {"lr": 1e-4}}
     marks = trained_against({"rb.b25": training_attacks(config, "rb.b25")}, probes).set_index("probe")
     assert marks["trained_against"].to_dict() == {"attack": True, "attack_heldout": True, "relearning": False}

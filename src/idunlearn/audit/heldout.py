@@ -20,6 +20,7 @@ never the run's seed, never a method's own stream (piu_robust's ``adversarial_se
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import zlib
@@ -114,9 +115,13 @@ def rebuild_training_attacks(config: dict, model: str) -> list[dict]:
     entry = next((e for e in config["evaluation"]["external"] if e["name"] == model), {})
     folder = os.path.abspath(entry.get("generator", ""))
     root = os.path.join(os.path.abspath(config["results_dir"]), "rebuild")
-    if os.path.dirname(os.path.dirname(folder)) != root:
+    made = os.path.join(folder, "config.json")
+    if os.path.dirname(os.path.dirname(folder)) == root:  # a rebuild job's output, built or not
+        search = rebuild_settings(config["rebuild"], os.path.basename(os.path.dirname(folder)))["search"]
+    elif os.path.isfile(made) and "rebuild" in json.loads(open(made).read()):  # a shipped rebuilt generator
+        search = json.loads(open(made).read())["rebuild"]["settings"]["search"]
+    else:
         return []
-    search = rebuild_settings(config["rebuild"], os.path.basename(os.path.dirname(folder)))["search"]
     return [{"attack": "embedding_search", "lr_low": float(search["lr"]), "lr_high": float(search["lr"]),
              "data": FORGET_TRAIN, "setting": "rebuild search.lr", "seeds": "the rebuild's seed"}]
 
