@@ -104,7 +104,8 @@ def test_throwaway_cluster_profile_only_drops_gpus_and_caps_to_the_node(workdir,
 
 # Rules whose script loads the configured generator but never puts it on the run's device: the second recognizer's
 # reference only renders the real photos through the generator's image pipeline (load_generator without a device).
-CPU_GENERATOR_RULES = {"second_recognizer_reference"}
+# the rebuild builds mini generators only (docs/rebuild.md prices it for Arc2Face): CPU jobs like the reference's
+CPU_GENERATOR_RULES = {"second_recognizer_reference", "rebuild_search", "rebuild_budget"}
 OVERLAYS = ("study.yaml", "many.yaml", "request.yaml")  # tuning grids, the many stage, a forget request
 
 
@@ -140,6 +141,7 @@ def gpu_targets(results, tune_run: str) -> list[str]:
         "unlearning/piu/3/timings.json", "evaluation/before/3/metrics.json", "evaluation/after/piu/3/metrics.json",
         "evaluation/external/ext/3/metrics.json", "analysis/layer_separation.csv",
         "audit/before/3/rows.parquet", "audit/after/piu/3/rows.parquet", "audit/external/ext/3/rows.parquet",
+        "audit/worstcase/piu/3/rows.parquet", "audit/worstcase/external/ext/3/rows.parquet",
         "export/piu/3/manifest.json",
         f"tuning/unlearning/{tune_run}/50/timings.json", "tuning/evaluation/before/50/metrics.json",
         f"tuning/evaluation/after/{tune_run}/50/metrics.json",
@@ -172,6 +174,7 @@ def paper_stage_calls(tmp_path_factory):
                  "identities": [3]}]
     extra = workdir / "config" / "external.yaml"
     extra.write_text(yaml.safe_dump({"evaluation": {"external": external},
+                                     "audit": {"probes": {"relearning_worstcase": {}}},
                                      "request": {"folder": str(workdir / "data" / "request_demo")}}))
     configfiles = [base, *overlays, extra]
     tune_run = sorted(tuning_settings(validate_config(deep_update(merged, yaml.safe_load(extra.read_text())))))[0]
