@@ -25,8 +25,8 @@ import hashlib
 import json
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ from torch.nn.functional import normalize
 from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
+from .benchmarks import _plain_attention
 from .conditions import dirichlet_mixtures
 from .experiment import real_latents
 from .identities import centroid_lookup
@@ -44,7 +45,7 @@ from .models.generator import IdentityGenerator
 from .models.mini import build_mini_generator, save_mini_generator
 from .models.pretrain import dropped_conditions, train_denoiser
 from .selection import experiment_selections, retain_identity_split
-from .unlearning.adversarial import search_conditions
+from .unlearning.adversarial import centroid_and_random_starts, search_conditions
 
 log = logging.getLogger(__name__)
 
@@ -168,17 +169,11 @@ class PassCounter:
             handle.remove()
 
 
-@contextmanager
-def _plain_attention(unet: torch.nn.Module):
-    """diffusers' AttnProcessor (explicit matmuls) instead of SDPA, whose CPU kernel FlopCounterMode counts as 0."""
-    from diffusers.models.attention_processor import AttnProcessor
-
-    saved = unet.attn_processors
-    unet.set_attn_processor(AttnProcessor())
-    try:
-        yield
-    finally:
-        unet.set_attn_processor(saved)
+def flop_count(unet: torch.nn.Module, run) -> int:
+    """FLOPs of ``run()`` by FlopCounterMode, with explicit attention matmuls in ``unet`` (CPU SDPA counts 0)."""
+    with _plain_attention(unet), FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops()
 
 
 def unit_weights(generator: IdentityGenerator, batch: int = 2) -> dict:
@@ -189,10 +184,7 @@ def unit_weights(generator: IdentityGenerator, batch: int = 2) -> dict:
     x, t = torch.randn(shape), torch.full((batch,), 500)
     cond = generator.conditions(torch.randn(batch, 8)).detach()
 
-    def flops(run) -> int:
-        with _plain_attention(unet), FlopCounterMode(display=False) as counter:
-            run()
-        return counter.get_total_flops()
+    flops = partial(flop_count, unet)
 
     requires = [p.requires_grad for p in unet.parameters()]
     unet.requires_grad_(True)
@@ -231,12 +223,7 @@ def find_conditions(original: IdentityGenerator, data: RebuildData, forget_laten
     for g, latents in enumerate(tqdm(forget_latents, desc="condition search", unit="person")):
         centre = torch.from_numpy(data.forget_centroids[g])
         gen = torch.Generator().manual_seed(seed + 1000 * g)
-        kept = {-(-cfg["steps"] * k // cfg["checkpoints"]) for k in range(1, cfg["checkpoints"] + 1)}
-
-        def random_start() -> torch.Tensor:
-            return normalize(torch.randn(len(centre), generator=gen), dim=0)
-
-        starts = [centre.clone, *[random_start] * (cfg["restarts"] - 1)]
+        starts, kept = centroid_and_random_starts(centre, cfg, gen)
         for found in search_conditions(original, latents, centre, starts, {**cfg, "min_cosine": None}, gen,
                                        recognizer if cfg["recognizer_weight"] > 0 else None, kept):
             rows.append({"group": g, "identity": data.forget_identities[g], "restart": found["restart"],
@@ -471,10 +458,7 @@ def meta_sample_flops(unet_config: dict, cross_attention_tokens: int = 77) -> di
         x, t = torch.empty(1, channels, size, size), torch.full((1,), 500)
         cond = torch.empty(1, cross_attention_tokens, unet.config.cross_attention_dim)
 
-    def flops(run) -> int:
-        with _plain_attention(unet), FlopCounterMode(display=False) as counter:
-            run()
-        return counter.get_total_flops()
+    flops = partial(flop_count, unet)
 
     with torch.no_grad():
         forward = flops(lambda: unet(x, t, encoder_hidden_states=cond))

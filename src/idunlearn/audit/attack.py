@@ -27,7 +27,7 @@ from ..faces.analyser import FaceAnalyser
 from ..identities import centroid_lookup
 from ..models.generator import IdentityGenerator
 from ..runlog import logs_duration
-from ..unlearning.adversarial import search_conditions
+from ..unlearning.adversarial import centroid_and_random_starts, search_conditions
 from .heldout import heldout_seed
 from .probes import AUDIT_SEED_OFFSET, control_identity
 from .run import mean_row, share_row
@@ -48,11 +48,7 @@ def attack_condition(generator: IdentityGenerator, latents: torch.Tensor, centro
     centre = normalize(torch.as_tensor(np.asarray(centroid), dtype=torch.float32), dim=0)
     gen = torch.Generator().manual_seed(seed)
 
-    def random_start() -> torch.Tensor:
-        return normalize(torch.randn(len(centre), generator=gen), dim=0)
-
-    kept = {-(-cfg["steps"] * k // cfg["checkpoints"]) for k in range(1, cfg["checkpoints"] + 1)}  # ceil: last = steps
-    starts = [centre.clone, *[random_start] * (cfg["restarts"] - 1)]  # drawn in turn, between the batches
+    starts, kept = centroid_and_random_starts(centre, cfg, gen)
     candidates = search_conditions(generator, latents, centre, starts, cfg, gen, recognizer, kept)
     best = min(candidates, key=lambda r: r["loss"])
     finals = [c["loss"] for c in candidates if c["step"] == cfg["steps"]]

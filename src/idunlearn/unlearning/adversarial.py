@@ -60,6 +60,19 @@ def image_batch(latents: torch.Tensor, cfg: dict, gen: torch.Generator) -> Batch
     return latents[rows], t, torch.randn((n, *latents.shape[1:]), generator=gen)
 
 
+def centroid_and_random_starts(centre: torch.Tensor, cfg: dict, gen: torch.Generator
+                               ) -> tuple[list[Callable[[], torch.Tensor]], set[int]]:
+    """The audit attack's starts (the unit ``centre``, then ``cfg['restarts'] - 1`` random unit vectors drawn from
+    ``gen`` in turn, between the batches) and its kept steps (``cfg['checkpoints']`` evenly spaced, the last at
+    ``cfg['steps']``): ``search_conditions``'s ``starts`` and ``kept_steps``."""
+
+    def random_start() -> torch.Tensor:
+        return normalize(torch.randn(len(centre), generator=gen), dim=0)
+
+    kept = {-(-cfg["steps"] * k // cfg["checkpoints"]) for k in range(1, cfg["checkpoints"] + 1)}  # ceil: last = steps
+    return [centre.clone, *[random_start] * (cfg["restarts"] - 1)], kept
+
+
 def search_conditions(generator: IdentityGenerator, latents: torch.Tensor, centre: torch.Tensor,
                       starts: Iterable[Callable[[], torch.Tensor]], cfg: dict, gen: torch.Generator,
                       recognizer=None, kept_steps: Iterable[int] = ()) -> list[dict]:
