@@ -159,3 +159,16 @@ def test_audit_reference_that_is_not_audited_stops_snakemake_naming_the_key(tmp_
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "config key 'audit.compare_to': 'esd' is not audited" in text, text[-3000:]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("pair", [["piu", "esd"], ["piu", "piu"]])  # esd is not audited; a run against itself
+def test_audit_pair_that_is_not_two_audited_runs_stops_snakemake_naming_the_key(tmp_path, pair):
+    from workflow_harness import prepare_workdir, snakemake
+
+    cfg = prepare_workdir(tmp_path, {"audit": {"pairs": [pair]}})  # config.yaml audits piu only
+    proc = snakemake(tmp_path, "--dry-run", configfile=cfg, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"config key 'audit.pairs': {pair!r} must name two different audited runs" in text, text[-3000:]
+    assert not (tmp_path / "results").exists()  # stopped before any job
