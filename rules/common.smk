@@ -422,6 +422,16 @@ def rebuild_previous_budget(wildcards):
     return {"previous": results("rebuild", wildcards.name, f"b{max(smaller)}", "model.safetensors")} if smaller else {}
 
 
+def rebuild_worstcase_rows():
+    """The worst-case relearning protocol's rows of every rebuilt model and the never-trained reference, on each one's
+    evaluated identities (none while the protocol is off)."""
+    if "relearning_worstcase" not in config["audit"]["probes"]:
+        return []
+    names = [*rebuild_models(), config["audit"]["verdict"]["reference"]]
+    return [expand(rules.audit_worstcase_external.output.rows, external=name, identity=identity)[0]
+            for name, identity in external_identity_pairs() if name in names]
+
+
 def rebuild_models():
     """External model name -> (rebuild run, budget) of every evaluation.external entry that loads a rebuild's output."""
     made = {os.path.normpath(results("rebuild", run, f"b{budget}")): (run, budget) for run, budget in rebuild_jobs()}

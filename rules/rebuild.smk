@@ -92,6 +92,8 @@ rule rebuild_tables:
                                                            if m == config["audit"]["verdict"]["reference"]]),
         compared=lambda wc: expand(rules.evaluate_unlearned.output.metrics, run=config["audit"]["compare_to"],
                                    identity=forget_identities()),
+        # the worst-case relearning protocol's rows of the rebuilt models and `retrain` (none while it is off)
+        worstcase=lambda wc: rebuild_worstcase_rows(),
     output:
         curve=report(results("tables", "rebuild_curve.csv"), category="Rebuild"),
         targets=report(results("tables", "rebuild_targets.csv"), category="Rebuild"),
@@ -100,6 +102,8 @@ rule rebuild_tables:
         models=lambda wc: rebuild_models(),
         reference=config["audit"]["verdict"]["reference"],
         compare_to=config["audit"]["compare_to"],
+        training=lambda wc: audited_training(),
+        probes=config["audit"]["probes"],
         seed=config["seed"],
     log:
         logs("rebuild_tables"),

@@ -209,3 +209,44 @@ def test_evaluation_targets_by_hand(tmp_path):
     assert len(targets) == 3
     rebuild_curve(curve, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_worstcase_relearning_targets_by_hand():
+    """The worst held-out cell is the (lr, regime) of largest mean excess; a trained-against cell with more is left
+    out; each identity's excess at that cell minus the bar is tested one-sided, in the model's Holm family."""
+    from idunlearn.audit.heldout import worstcase_probe
+    from idunlearn.audit.relearning_worstcase import worstcase_cells
+    from idunlearn.rebuild_tables import target_rows, worstcase_target_rows
+
+    excess = {  # (lr, regime, trained against) -> excess over retrain at 50 and 200 steps, identities 3, 7, 9
+        (1e-4, "full", False): ([0.05, 0.07, 0.06], [0.10, 0.30, 0.20]),
+        (1e-3, "full", False): ([0.08, 0.10, 0.09], [0.02, 0.04, 0.03]),
+        (1e-5, "full", True): ([0.9, 0.9, 0.9], [0.9, 0.9, 0.9])}
+    rows = []
+    for (lr, regime, marked), by_steps in excess.items():
+        for steps, values in zip((50, 200), by_steps):
+            for identity, value in zip((3, 7, 9), values):
+                base = {"probe": worstcase_probe(regime, lr), "setting": f"seed=0,k={steps}", "metric": "ism", "identity": identity}
+                rows += [{**base, "run": "rb.b25", "value": 0.3 + value, "trained_against": marked},
+                         {**base, "run": "retrain", "value": 0.3, "trained_against": False}]
+    cells = worstcase_cells(pd.DataFrame(rows), "retrain")
+    half = 4.302652729911275 / np.sqrt(3)  # t(0.975, 2 df) / sqrt(n)
+    t = pd.DataFrame(worstcase_target_rows("rb.b25", cells, seed=0)).set_index("target")
+    # 50 steps: worst held out is 1e-3 (mean 0.09): 0.09 - 0.15 = -0.06, sd 0.01, met
+    at50 = t.loc["worst-case relearning ISM excess at 50 steps <= 0.15"]
+    assert at50["mean_diff"] == pytest.approx(-0.06) and at50["t_high"] == pytest.approx(-0.06 + 0.01 * half)
+    assert at50["met"] and at50["n"] == 3
+    # 200 steps: worst held out is 1e-4 (mean 0.20): 0.20 - 0.20 = 0, sd 0.1: not shown
+    at200 = t.loc["worst-case relearning ISM excess at 200 steps <= 0.2"]
+    assert at200["mean_diff"] == pytest.approx(0.0) and at200["t_high"] == pytest.approx(0.1 * half)
+    assert not at200["met"]
+    # a model without worst-case cells: untested, not met
+    missing = pd.DataFrame(worstcase_target_rows("other", cells, seed=0))
+    assert (missing["n"] == 0).all() and not missing["met"].any()
+    # in the model's Holm family with the three evaluation targets: the smallest p is multiplied by 5
+    metrics = pd.DataFrame([{"model": m, "identity": i, "ism_forget": f, "ism_retain": 0.7, "kd_retain": 20.0}
+                            for m, f in (("retrain", 0.2), ("piu", 0.2), ("rb.b25", 0.1)) for i in (3, 7, 9)])
+    family = pd.DataFrame(target_rows("rb.b25", metrics, "piu", 0, cells)).set_index("target")
+    assert len(family) == 5
+    smallest = family["p_wilcoxon"].idxmin()
+    assert family.loc[smallest, "p_holm"] == pytest.approx(min(1.0, 5 * family.loc[smallest, "p_wilcoxon"]))

@@ -3,7 +3,10 @@ evaluation's per-identity metrics (the rebuilt generators are evaluated as exter
 
 Targets on the evaluation (rebuild issue, paired by forget identity over the study's identities, Holm-corrected
 within each rebuilt model's family): forget ISM <= retrain's + 0.05; retain ISM >= 0.95 x PIU's; KD of the retain
-samples to the real images <= 1.10 x retrain's. The attack and relearning targets come from the audit's tables.
+samples to the real images <= 1.10 x retrain's. With the worst-case relearning protocol's rows
+(audit.probes.relearning_worstcase), also its targets: the forget-ISM excess over retrain at the worst held-out
+learning rate and regime <= 0.15 at 50 steps and <= 0.20 at 200 steps, in the same Holm family. The embedding
+attack's target comes from the audit's tables.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .audit.relearning_worstcase import worstcase_summary
 from .evaluation.statistics import holm, mean_difference, paired_differences
 
 CURVE_COLUMNS = ["model", "run", "budget_percent", "alpha", "fraction_of_retrain", "units", "passes_train",
@@ -22,6 +26,9 @@ TARGET_COLUMNS = ["model", "target", "n", "mean_diff", "t_low", "t_high", "p_wil
 TARGETS = [("forget ISM <= retrain + 0.05", "ism_forget", "retrain", ("add", 0.05), -1),
            ("retain ISM >= 0.95 x PIU", "ism_retain", "piu", ("times", 0.95), +1),
            ("retain KD <= 1.10 x retrain", "kd_retain", "retrain", ("times", 1.10), -1)]
+# rebuild issue: worst-case relearning, steps -> the most forget-ISM excess over retrain allowed (measured in ISM, as
+# the audit's relearning recovery is)
+WORSTCASE_TARGETS = {50: 0.15, 200: 0.20}
 
 
 def metrics_table(paths: dict[str, list[str]]) -> pd.DataFrame:
@@ -35,10 +42,38 @@ def metrics_table(paths: dict[str, list[str]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def target_rows(model: str, metrics: pd.DataFrame, piu: str, seed: int) -> list[dict]:
+def worstcase_target_rows(model: str, cells: pd.DataFrame, seed: int) -> list[dict]:
+    """The worst-case relearning targets of ``model`` (``WORSTCASE_TARGETS``; ``cells``: ``worstcase_cells`` against
+    `retrain`): at each step count, the held-out (learning rate, regime) with the largest mean forget-ISM excess
+    (``worstcase_summary``, seed 0), and per identity that cell's excess minus the bar; n 0 and not met where the
+    model has no such cell."""
+    mine = cells[(cells["run"] == model) & (cells["metric"] == "ism")]
+    summary = worstcase_summary(mine, "retrain", seed).set_index("steps") if len(mine) else None
+    rows = []
+    for steps, bar in WORSTCASE_TARGETS.items():
+        name = f"worst-case relearning ISM excess at {steps} steps <= {bar}"
+        worst = summary.loc[steps] if summary is not None and steps in summary.index else None
+        if worst is None or pd.isna(worst["excess"]):
+            rows.append({"model": model, "target": name, "n": 0, "mean_diff": np.nan, "t_low": np.nan,
+                         "t_high": np.nan, "p_wilcoxon": np.nan, "met": False, "margin": np.nan})
+            continue
+        cell = mine[(mine["steps"] == steps) & (mine["seed"] == 0) & ~mine["trained_against"]
+                    & (mine["lr"] == worst["worst_lr"]) & (mine["regime"] == worst["worst_regime"])]
+        # excess - bar per identity at the worst cell: one-sided, met below 0 (the rebuild issue's relearning target)
+        stats = mean_difference(cell.dropna(subset=["excess"]).set_index("identity")["excess"].sort_index() - bar,
+                                seed, direction=-1)
+        rows.append({"model": model, "target": name, **{k: stats[k] for k in ("n", "mean_diff", "t_low", "t_high",
+                                                                                  "p_wilcoxon")},
+                     "met": bool(stats["t_high"] <= 0), "margin": float(stats["mean_diff"])})
+    return rows
+
+
+def target_rows(model: str, metrics: pd.DataFrame, piu: str, seed: int, cells: pd.DataFrame | None = None
+                ) -> list[dict]:
     """The evaluation targets of ``model`` against `retrain` and ``piu`` (the compare_to run), paired by identity:
     the mean of (model - bar) per identity with its t-interval and the one-sided Wilcoxon p of the target being met
-    (Holm over the model's targets); met when the whole 95% interval lies on the target's side."""
+    (Holm over the model's targets); met when the whole 95% interval lies on the target's side. With the
+    worst-case protocol's ``cells`` (``worstcase_cells``), its targets too (``worstcase_target_rows``)."""
     by = {name: part.set_index("identity") for name, part in metrics.groupby("model")}
     rows = []
     for name, metric, against, (kind, value), side in TARGETS:
@@ -51,16 +86,19 @@ def target_rows(model: str, metrics: pd.DataFrame, piu: str, seed: int) -> list[
         rows.append({"model": model, "target": name, **{k: stats[k] for k in ("n", "mean_diff", "t_low", "t_high",
                                                                                   "p_wilcoxon")},
                      "met": met, "margin": float(stats["mean_diff"])})
+    if cells is not None:
+        rows += worstcase_target_rows(model, cells, seed)
     for row, p in zip(rows, holm([r["p_wilcoxon"] for r in rows])):
         row["p_holm"] = float(p)
     return rows
 
 
-def rebuild_tables(ledgers: dict[str, dict], metrics: pd.DataFrame, piu: str, seed: int
-                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def rebuild_tables(ledgers: dict[str, dict], metrics: pd.DataFrame, piu: str, seed: int,
+                   cells: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the curve: one row per rebuilt model with its compute and mean evaluation metrics, `retrain`'s and PIU's
-    beside; the evaluation targets per rebuilt model). ``ledgers``: model -> its ledger.json; ``metrics``:
-    ``metrics_table`` of the rebuilt models, `retrain` and ``piu``."""
+    beside; the targets per rebuilt model). ``ledgers``: model -> its ledger.json; ``metrics``: ``metrics_table`` of
+    the rebuilt models, `retrain` and ``piu``; ``cells``: the worst-case protocol's (``worstcase_cells``), or None
+    when it did not run."""
     means = metrics.groupby("model")[["ism_forget", "ism_retain", "kd_retain"]].mean()
     curve, targets = [], []
     for model, ledger in ledgers.items():
@@ -77,6 +115,6 @@ def rebuild_tables(ledgers: dict[str, dict], metrics: pd.DataFrame, piu: str, se
             "forget_ism_retrain": means.loc["retrain", "ism_forget"],
             "retain_ism_piu": means.loc[piu, "ism_retain"], "kd_retain_retrain": means.loc["retrain", "kd_retain"]})
         if evaluated:
-            targets += target_rows(model, metrics, piu, seed)
+            targets += target_rows(model, metrics, piu, seed, cells)
     return (pd.DataFrame(curve, columns=CURVE_COLUMNS).sort_values(["run", "budget_percent"]),
             pd.DataFrame(targets, columns=TARGET_COLUMNS))

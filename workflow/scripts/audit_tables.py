@@ -1,12 +1,10 @@
-import os
-
 import pandas as pd
 
 from idunlearn.audit.heldout import mark_trained_against, trained_against
 from idunlearn.audit.relearning import with_recovery
 from idunlearn.audit.relearning_worstcase import worstcase_cells, worstcase_markdown, worstcase_summary
 from idunlearn.audit.targets import audit_targets
-from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, plot_locality,
+from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, job_rows, plot_locality,
                                     plot_neighbourhood, plot_relearning_curves)
 from idunlearn.audit.verdicts import (identity_verdicts, paired_comparisons, reference_comparisons,
                                       reference_markdown, verdict_markdown)
@@ -14,17 +12,11 @@ from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
 from idunlearn.runlog import stage_log
 
 
-def job(path: str, original: bool) -> tuple[str, int, pd.DataFrame]:
-    """(run, identity, rows) from .../audit/before/<identity>/rows.parquet or .../after/<run>/<identity>/rows.parquet"""
-    folder, identity = os.path.split(os.path.dirname(path))
-    return ORIGINAL if original else os.path.basename(folder), int(identity), pd.read_parquet(path)
-
-
 with stage_log(snakemake.log[0], "audit_tables"):
     i, out, params = snakemake.input, snakemake.output, snakemake.params
     marks = trained_against(params.training, params.probes)
     # recovery, ISM regained and gap derived from the jobs' ISM rows (audit.verdict.recovery_min_gap)
-    jobs = [job(p, True) for p in i.before] + [job(p, False) for p in [*i.after, *i.worstcase]]
+    jobs = [job_rows(p, True) for p in i.before] + [job_rows(p) for p in [*i.after, *i.worstcase]]
     table = mark_trained_against(with_recovery(audit_table(jobs), params.verdict["recovery_min_gap"]), marks)
     summary = audit_summary(table, params.seed)
     verdicts = identity_verdicts(table, **params.verdict)

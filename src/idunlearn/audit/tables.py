@@ -5,6 +5,7 @@ cosine)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
@@ -21,6 +22,13 @@ from .heldout import HELDOUT_RELEARNING  # noqa: E402
 ORIGINAL = "original"  # the run name of the original model's audit (the control)
 SUMMARY_COLUMNS = ["run", "probe", "setting", "metric", "mean", "ci_low", "ci_high", "n_identities",
                    "trained_against"]
+
+
+def job_rows(path: str, original: bool = False) -> tuple[str, int, pd.DataFrame]:
+    """(run, identity, rows) of one audit job's rows file, named by its folders: .../<identity>/rows.parquet under
+    .../before/ (``original``: the original model's job) or a folder named for the run or external model."""
+    folder, identity = os.path.split(os.path.dirname(path))
+    return ORIGINAL if original else os.path.basename(folder), int(identity), pd.read_parquet(path)
 
 
 def audit_table(jobs: list[tuple[str, int, pd.DataFrame]]) -> pd.DataFrame:
