@@ -44,9 +44,10 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
         robust, meta = cfg["unlearning"]["runs"]["piu_robust"], cfg["unlearning"]["runs"]["piu_meta"]
         assert {k: v for k, v in meta.items() if k != "method" and not k.startswith("meta_")} == \
             {k: v for k, v in robust.items() if k != "method"} and meta["method"] == "piu_meta"
-    if "rebuild.yaml" in overlays:  # every rebuilt generator is an external model beside retrain, audited
+    if "rebuild.yaml" in overlays:  # every rebuilt generator is an external model beside retrain; two audited first
         rebuilt = [e["name"] for e in cfg["evaluation"]["external"] if e["generator"].startswith("results/rebuild/")]
-        assert len(rebuilt) == 7 and set(rebuilt) <= set(cfg["audit"]["runs"])
+        assert len(rebuilt) == 7 and {"rebuild_a10.b25", "rebuild_a05.b25"} <= set(cfg["audit"]["runs"])
+        assert {"piu_100", "retrain"} <= set(cfg["audit"]["runs"]) <= {*rebuilt, *cfg["unlearning"]["runs"], "retrain"}
     if "study.yaml" in overlays:  # the never-trained reference is audited as run retrain on the selection
         assert "retrain" in cfg["audit"]["runs"] and cfg["audit"]["verdict"]["reference"] == "retrain"
         assert {"name": "retrain", "generator": "reference", "identities": "selection"} in cfg["evaluation"]["external"]
