@@ -424,11 +424,12 @@ def rebuild_previous_budget(wildcards):
 
 def rebuild_worstcase_rows():
     """The worst-case relearning protocol's rows of every audited rebuilt model and the never-trained reference, on
-    each one's evaluated identities (none while the protocol is off); a rebuilt model left out of audit.runs has its
-    worst-case targets untested."""
-    if "relearning_worstcase" not in config["audit"]["probes"]:
+    each one's evaluated identities (none while the protocol is off or no rebuilt model is audited); a rebuilt model
+    left out of audit.runs has its worst-case targets untested."""
+    audited_models = [name for name in rebuild_models() if audited(name)]
+    if "relearning_worstcase" not in config["audit"]["probes"] or not audited_models:
         return []
-    names = [*(name for name in rebuild_models() if audited(name)), config["audit"]["verdict"]["reference"]]
+    names = [*audited_models, config["audit"]["verdict"]["reference"]]
     return [expand(rules.audit_worstcase_external.output.rows, external=name, identity=identity)[0]
             for name, identity in external_identity_pairs() if name in names]
 
