@@ -308,11 +308,11 @@ def test_a_jobs_time_says_what_it_measures():
     resumed = {"seconds_total": 300.0, "seconds_this_session": 120.0}  # a job resumed once: every step summed
     archived = {"seconds_this_session": 120.0}  # timings from before seconds_total existed: the session's wall time
     assert (job_seconds(resumed), job_seconds_measure(resumed)) == (300.0, "every step summed")
-    assert (job_seconds(archived), job_seconds_measure(archived)) == (120.0, "last session's wall time")
+    assert (job_seconds(archived), job_seconds_measure(archived)) == (120.0, "wall time of the job's last start")
     metrics, counts, costs = _paired_tables()
-    costs["seconds_measure"] = np.where(costs["run"] == "A", "last session's wall time", "every step summed")
+    costs["seconds_measure"] = np.where(costs["run"] == "A", "wall time of the job's last start", "every step summed")
     table = paired_runs(metrics, counts, costs, {"compare": "A", "reference": "R"}, seed=0)
     table = table.set_index(["run", "measure"])
-    assert table.loc[("A", "unlearning seconds per identity"), "measured"] == "last session's wall time"
+    assert table.loc[("A", "unlearning seconds per identity"), "measured"] == "wall time of the job's last start"
     assert table.loc[("B", "unlearning seconds per identity"), "measured"] == "every step summed"
     assert pd.isna(table.loc[("B", "forget ISM"), "measured"])

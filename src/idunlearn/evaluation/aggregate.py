@@ -152,7 +152,7 @@ def summary_markdown(long: pd.DataFrame, run: str, identities: Iterable[int]) ->
 
 
 # what an unlearning job's time measures, by the timings.json key it is read from (job_seconds)
-SECONDS_MEASURES = {"seconds_total": "every step summed", "seconds_this_session": "last session's wall time"}
+SECONDS_MEASURES = {"seconds_total": "every step summed", "seconds_this_session": "wall time of the job's last start"}
 
 
 def job_seconds(timings: dict) -> float:
