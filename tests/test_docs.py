@@ -140,8 +140,7 @@ UNSHIPPED = {
         "audit.probes:original,piu_100,siss.tuned,uce.tuned,wid.tuned,esd.tuned": "the study audit (84 jobs)",
         "audit.verdicts:piu_100,siss.tuned,uce.tuned,wid.tuned,esd.tuned": "the study audit (84 jobs)",
         "audit.comparisons:siss.tuned,uce.tuned,wid.tuned,esd.tuned": "the study audit (84 jobs)",
-        "audit.probes:original,piu": "the default run's audit on every probe",
-        "evaluation.external:retrain": "the study's evaluation of the never-trained reference"},
+        "audit.probes:original,piu": "the default run's audit on every probe"},
     "docs/results/controllable.md": {"controllable.front": "the controllable run"},
     "docs/results/many-people.md": {"many.strategies": "the many stage (hours)"},
     "docs/results/many-people-tables.md": {name: "the many stage (hours)" for name in (
@@ -150,15 +149,9 @@ UNSHIPPED = {
                                 "rebuild.targets": "the rebuild and its evaluation (hours)"},
     "docs/results/recognizer.md": {"recognizer.random_subset": "make recognizer",
                                    "recognizer.classwise": "make recognizer"},
-    "docs/results/robust.md": {"audit.verdicts:piu_100,piu_meta,piu_robust,uce.tuned,esd.tuned,retrain":
-                               "the robust audit's tables"},
-    "docs/results/robust-tables.md": {name: "the robust audit's tables" for name in (
-        "audit.targets:piu_meta,piu_robust,piu_100", "audit.targets:uce.tuned,esd.tuned,retrain",
-        "audit.evaluation:piu_meta,piu_robust,piu_100,uce.tuned,esd.tuned,retrain", "audit.comparisons:piu_robust")},
     "docs/results/study.md": {name: "the study (config/study.yaml, hours)" for name in (
         "study:table1", "claims:table1", "study:table2", "study:table3", "study:table4", "study:table5",
         "study:table6", "claims:table2,table3,table4,table5,table6")},
-    "docs/results/tuning.md": {"tuning": "the tuning protocol (snakemake tune)"},
 }
 
 
