@@ -145,8 +145,6 @@ UNSHIPPED = {
     "docs/results/many-people.md": {"many.strategies": "the many stage (hours)"},
     "docs/results/many-people-tables.md": {name: "the many stage (hours)" for name in (
         "many.joint", "many.sequential", "many.merge", "many.comparisons")},
-    "docs/results/rebuild.md": {"rebuild.curve": "the rebuild and its evaluation (hours)",
-                                "rebuild.targets": "the rebuild and its evaluation (hours)"},
     "docs/results/recognizer.md": {"recognizer.random_subset": "make recognizer",
                                    "recognizer.classwise": "make recognizer"},
     "docs/results/study.md": {name: "the study (config/study.yaml, hours)" for name in (
