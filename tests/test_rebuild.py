@@ -226,7 +226,8 @@ def test_worstcase_relearning_targets_by_hand():
     for (lr, regime, marked), by_steps in excess.items():
         for steps, values in zip((50, 200), by_steps):
             for identity, value in zip((3, 7, 9), values):
-                base = {"probe": worstcase_probe(regime, lr), "setting": f"seed=0,k={steps}", "metric": "ism", "identity": identity}
+                base = {"probe": worstcase_probe(regime, lr), "setting": f"seed=0,k={steps}", "metric": "ism",
+                        "identity": identity}
                 rows += [{**base, "run": "rb.b25", "value": 0.3 + value, "trained_against": marked},
                          {**base, "run": "retrain", "value": 0.3, "trained_against": False}]
     cells = worstcase_cells(pd.DataFrame(rows), "retrain")

@@ -127,6 +127,13 @@ def _plain_attention(*unets):
             unet.set_attn_processor(processors)
 
 
+def flop_count(run, *unets) -> int:
+    """FLOPs of ``run()`` by FlopCounterMode, with explicit attention matmuls in ``unets`` (CPU SDPA counts 0)."""
+    with _plain_attention(*unets), FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops()
+
+
 def _setup(generator: IdentityGenerator, steps: int, forget_batch: int, retain_batch: int, regime: str,
            device: str | torch.device, dtype: str, warmup: int, settings: dict | None, seed: int):
     """What both benchmarks share, as in runner.unlearn: checked arguments, run settings, random data on the
@@ -155,11 +162,9 @@ def _linear_flops(step, forget_batch: int, retain_batch: int, *unets) -> dict:
     0), whose score matrices at the paper batch (64 samples x 4096 latent tokens) outgrow a 140 GB GPU."""
 
     def counted(n_forget: int, n_retain: int) -> int:
-        with FlopCounterMode(display=False) as counter:
-            step(n_forget, n_retain)
-        return counter.get_total_flops()
+        return flop_count(lambda: step(n_forget, n_retain))
 
-    with _plain_attention(*unets):
+    with _plain_attention(*unets):  # once around the three counts
         base = counted(1, 1)
         per_forget, per_retain = counted(2, 1) - base, counted(1, 2) - base
     return {"flops_per_step": int(base + (forget_batch - 1) * per_forget + (retain_batch - 1) * per_retain),

@@ -26,17 +26,15 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from torch.nn.functional import normalize
-from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
-from .benchmarks import _plain_attention
+from .benchmarks import flop_count
 from .conditions import dirichlet_mixtures
 from .experiment import real_latents
 from .identities import centroid_lookup
@@ -169,13 +167,6 @@ class PassCounter:
             handle.remove()
 
 
-def flop_count(unet: torch.nn.Module, run) -> int:
-    """FLOPs of ``run()`` by FlopCounterMode, with explicit attention matmuls in ``unet`` (CPU SDPA counts 0)."""
-    with _plain_attention(unet), FlopCounterMode(display=False) as counter:
-        run()
-    return counter.get_total_flops()
-
-
 def unit_weights(generator: IdentityGenerator, batch: int = 2) -> dict:
     """FLOPs of one sample's UNet forward and of a search step, as shares of a training pass (forward + backward to
     every weight), counted by FlopCounterMode on ``generator`` at ``batch`` samples."""
@@ -184,17 +175,16 @@ def unit_weights(generator: IdentityGenerator, batch: int = 2) -> dict:
     x, t = torch.randn(shape), torch.full((batch,), 500)
     cond = generator.conditions(torch.randn(batch, 8)).detach()
 
-    flops = partial(flop_count, unet)
-
     requires = [p.requires_grad for p in unet.parameters()]
     unet.requires_grad_(True)
-    train = flops(lambda: generator.predict_noise(x, t, cond).sum().backward())
+    train = flop_count(lambda: generator.predict_noise(x, t, cond).sum().backward(), unet)
     unet.zero_grad(set_to_none=True)
     unet.requires_grad_(False)
     with torch.no_grad():
-        forward = flops(lambda: generator.predict_noise(x, t, cond))
+        forward = flop_count(lambda: generator.predict_noise(x, t, cond), unet)
     cond_leaf = cond.clone().requires_grad_(True)
-    search = flops(lambda: generator.predict_noise(x, t, cond_leaf).sum().backward())  # to the condition only
+    # backward to the condition only
+    search = flop_count(lambda: generator.predict_noise(x, t, cond_leaf).sum().backward(), unet)
     for p, r in zip(unet.parameters(), requires):
         p.requires_grad_(r)
     return {"train": 1.0, "forward": forward / train, "search": search / train, "train_flops_per_sample": train / batch}
@@ -458,14 +448,12 @@ def meta_sample_flops(unet_config: dict, cross_attention_tokens: int = 77) -> di
         x, t = torch.empty(1, channels, size, size), torch.full((1,), 500)
         cond = torch.empty(1, cross_attention_tokens, unet.config.cross_attention_dim)
 
-    flops = partial(flop_count, unet)
-
     with torch.no_grad():
-        forward = flops(lambda: unet(x, t, encoder_hidden_states=cond))
-    train = flops(lambda: unet(x, t, encoder_hidden_states=cond).sample.sum().backward())
+        forward = flop_count(lambda: unet(x, t, encoder_hidden_states=cond), unet)
+    train = flop_count(lambda: unet(x, t, encoder_hidden_states=cond).sample.sum().backward(), unet)
     unet.requires_grad_(False)
     select_trainable(unet, "surgical")
-    surgical = flops(lambda: unet(x, t, encoder_hidden_states=cond).sample.sum().backward())
+    surgical = flop_count(lambda: unet(x, t, encoder_hidden_states=cond).sample.sum().backward(), unet)
     return {"forward": forward, "train": train, "surgical_train": surgical}
 
 
