@@ -190,6 +190,62 @@ use rule audit_worstcase as audit_worstcase_external with:
         logs("audit/worstcase/external/{external}/{identity}"),
 
 
+# More attack samples for the verdicts (audit.attack_samples): a job of its own per audited (run, identity) and
+# external model repeats only the attack's search, with the audit job's seeds, and draws that many samples from the
+# winning condition; its rows replace the audit job's attack rows in the tables, so that raising the number reruns
+# none of the audit jobs.
+rule audit_attack_samples:
+    input:
+        unpack(second_recognizer_inputs),
+        changed=rules.unlearn.output.changed,
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        verification=rules.calibrate_verification.output[0],
+    output:
+        rows=results("audit", "attack_samples", "{run}", "{identity}", "rows.parquet"),
+    params:
+        attack={**config["audit"]["probes"].get("attack", {}), "samples": config["audit"]["attack_samples"]},
+        second=config["audit"]["second_recognizer"],
+        evaluation=evaluation_settings(),
+        generator=config["generator"],
+        faces=config["faces"],
+        device=config["unlearning"]["device"],
+        seed=config["seed"],
+    threads: JOB_THREADS
+    resources:
+        gpu=1,
+        mem_mb=8000,
+    log:
+        logs("audit/attack_samples/{run}/{identity}"),
+    conda:
+        "../environment.yml"
+    script:
+        "../workflow/scripts/audit_attack_samples.py"
+
+
+use rule audit_attack_samples as audit_attack_samples_external with:
+    input:
+        unpack(second_recognizer_inputs),
+        unpack(external_model),
+        selection=selection_file,
+        manifest=rules.acquire_dataset.output.manifest,
+        faces=rules.extract_embeddings.output.embeddings,
+        labels=rules.cluster_identities.output.labels,
+        centroids=rules.cluster_identities.output.centroids,
+        generator=generator_files(),
+        models=face_models_dir(),
+        verification=rules.calibrate_verification.output[0],
+    output:
+        rows=results("audit", "attack_samples", "external", "{external}", "{identity}", "rows.parquet"),
+    log:
+        logs("audit/attack_samples/external/{external}/{identity}"),
+
+
 # What the audit jobs share (the selection, the verification thresholds, the original model's evaluation of each
 # audited identity): built on its own before a job archive is restored, so that the resumed run does not rebuild it
 # and so redo the archived jobs (docs/audit.md, python -m idunlearn archive).
@@ -211,6 +267,8 @@ rule audit_tables:
         + [expand(rules.audit_external.output.rows, external=name, identity=identity)[0]
            for name, identity in audited_external_pairs()],
         worstcase=lambda wc: worstcase_rows(),
+        # more attack samples (audit.attack_samples; none while it is 0): these rows replace the audit jobs' attack rows
+        attack_samples=lambda wc: attack_samples_rows(),
     output:
         table=results("tables", "audit.parquet"),
         csv=report(results("tables", "audit.csv"), category="Forgetting audit"),

@@ -167,14 +167,27 @@ def worstcase_settings(wildcards):
     return {**cfg, "seeds": cfg["spread_seeds"] if spread else cfg["seeds"]}
 
 
+def audited_rows(rule, external_rule):
+    """The rows file of ``rule`` for every audited (run, identity) and of ``external_rule`` for every audited
+    (external model, identity)."""
+    return ([expand(rule.output.rows, run=run, identity=identity)[0] for run, identity in audited_pairs()]
+            + [expand(external_rule.output.rows, external=name, identity=identity)[0]
+               for name, identity in audited_external_pairs()])
+
+
 def worstcase_rows():
     """The worst-case relearning protocol's rows of every audited run and external model (none while it is off)."""
     if "relearning_worstcase" not in config["audit"]["probes"]:
         return []
-    return ([expand(rules.audit_worstcase.output.rows, run=run, identity=identity)[0]
-             for run, identity in audited_pairs()]
-            + [expand(rules.audit_worstcase_external.output.rows, external=name, identity=identity)[0]
-               for name, identity in audited_external_pairs()])
+    return audited_rows(rules.audit_worstcase, rules.audit_worstcase_external)
+
+
+def attack_samples_rows():
+    """The attack's rows with ``audit.attack_samples`` samples of every audited run and external model, which replace
+    the audit jobs' attack rows (none while it is 0 or the attack is off)."""
+    if not config["audit"]["attack_samples"] or "attack" not in config["audit"]["probes"]:
+        return []
+    return audited_rows(rules.audit_attack_samples, rules.audit_attack_samples_external)
 
 
 def audited_training():

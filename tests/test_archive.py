@@ -230,3 +230,19 @@ def test_a_private_input_is_archived_until_the_job_reading_it_is(tmp_path):
     assert not (archive / "files" / "res" / "private" / "2.txt").exists()
     assert not (archive / "metadata" / record).exists()
     assert json.loads((archive / "MANIFEST.json").read_text())["files"] == manifest["files"]
+
+
+def test_the_audit_archive_keeps_rebuilt_generators_but_not_their_resume_states(tmp_path):
+    """A rebuilt generator's budget folders and its search are job outputs the archive carries (their evaluation and
+    worst-case jobs read them); the resume state, a params path no job outputs, stays behind."""
+    from idunlearn.archive import AUDIT_PATTERNS
+
+    files = ["results/rebuild/rebuild_a10/b25/model.safetensors", "results/rebuild/rebuild_a10/b10/ledger.json",
+             "results/rebuild/search-de86e7107c2e/found.parquet", "results/rebuild/rebuild_a10/state-eac78e0d96b4.pt",
+             "results/unlearning/piu_100/36/model.safetensors"]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    matched = {path.relative_to(tmp_path).as_posix() for pattern in AUDIT_PATTERNS
+               for path in tmp_path.glob(pattern.replace("{results}", "results"))}
+    assert matched == set(files[:3])

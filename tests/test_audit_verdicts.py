@@ -154,7 +154,7 @@ def test_failing_to_show_hidden_is_not_removal():
     # the reference itself is judged by the absolute rule and the control: removed
     assert verdicts.loc[("retrain", 1), "verdict"] == REMOVED
     note = decide_note(verdicts.reset_index())
-    assert any(f"audit.probes.attack.samples: {needed}" in line for line in note)
+    assert any(f"audit.attack_samples: {needed}" in line for line in note)
 
 
 def test_removal_shown_with_enough_samples_and_the_bar_on_either_recognizer():
@@ -214,3 +214,33 @@ def test_docs_block_gives_counts_in_a_fixed_order_with_the_equivalence_design(tm
     needed = equivalence_samples(1 / 16, 0.1, 0.8)
     assert (f"retrain's pooled attack success is 0.062, and with run and reference both at that rate the test shows "
             f"equivalence with 80% power from {needed} samples per arm; with the 8 drawn its power is") in block
+
+
+def test_more_attack_samples_replace_the_audit_jobs_and_decide_what_8_could_not():
+    """audit.attack_samples: the rows of the jobs that drew more samples from the attack's condition replace the audit
+    jobs' attack rows for their (run, identity) only; 0 of 8 on both arms is undetermined, 0 of 42 removed."""
+    from idunlearn.audit.tables import with_attack_samples
+
+    table = pd.DataFrame([*original(1, 0.7), *original(2, 0.7), *counted("retrain", 1, 0, 8),
+                          *counted("retrain", 2, 0, 8), *counted("piu", 1, 0, 8), *counted("piu", 2, 0, 8)])
+    before = identity_verdicts(table, **RULE, reference="retrain").set_index(["run", "identity"])
+    assert before.loc[("piu", 1), "verdict"] == UNDETERMINED
+
+    def drawn(run: str, identity: int, hits: int) -> tuple[str, int, pd.DataFrame]:
+        part = [r for r in counted(run, identity, hits, 42) if r["probe"] == "attack"]
+        return run, identity, pd.DataFrame(part).drop(columns=["run", "identity"])
+
+    more = with_attack_samples(table, [drawn("retrain", 1, 0), drawn("piu", 1, 0), drawn("piu", 2, 20)])
+    assert list(more.columns) == list(table.columns) and len(more) == len(table)
+    attack_n = more[more["probe"] == "attack"].set_index(["run", "identity"])["n"]
+    assert attack_n.loc[("piu", 1)] == 42 and attack_n.loc[("retrain", 2)] == 8  # retrain's identity 2 kept its 8
+    assert (more[more["probe"] != "attack"].sort_values(["run", "identity", "probe", "setting", "metric"])
+            .reset_index(drop=True).equals(table[table["probe"] != "attack"]
+                                           .sort_values(["run", "identity", "probe", "setting", "metric"])
+                                           .reset_index(drop=True)))
+    after = identity_verdicts(more, **RULE, reference="retrain").set_index(["run", "identity"])
+    # 0 of 42 against 0 of 42: the upper bound 1.645^2 / (42 + 1.645^2) = 0.061 is within the margin 0.1
+    assert after.loc[("piu", 1), "verdict"] == REMOVED
+    assert after.loc[("piu", 1), "upper_difference"] == pytest.approx(1.645 ** 2 / (42 + 1.645 ** 2), abs=2e-3)
+    assert after.loc[("piu", 2), "verdict"] == HIDDEN  # 20 of 42 against retrain's 0 of 8: the Fisher test fires
+    assert with_attack_samples(table, []) is table

@@ -31,7 +31,9 @@ def overlaid(overlays: list[str]) -> dict:
 
 @pytest.mark.parametrize("overlays", [["study.yaml"], ["study.yaml", "robust.yaml"], ["controllable.yaml"],
                                       ["study.yaml", "robust.yaml", "rebuild.yaml"],
-                                      ["many.yaml"], ["many.yaml", "many-one-order.yaml"], ["request.yaml"]])
+                                      ["study.yaml", "robust.yaml", "rebuild.yaml", "worstcase-one-seed.yaml"],
+                                      ["study.yaml", "robust.yaml", "attack-samples.yaml"], ["many.yaml"],
+                                      ["many.yaml", "many-one-order.yaml"], ["request.yaml"]])
 def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
     cfg = overlaid(overlays)
     if "robust.yaml" in overlays:
@@ -57,6 +59,15 @@ def test_overlay_configs_validate_as_snakemake_merges_them(overlays):
         assert cfg["many"]["orders"] == (1 if "many-one-order.yaml" in overlays else 3)
         assert cfg["many"]["sequential_protections"] == ["replay"] and cfg["many"]["sequential_length"] == 8
         assert load_config(REPO / "config" / "config.yaml")["many"]["run"] is None
+    if "worstcase-one-seed.yaml" in overlays:  # one seed everywhere, the protocol's other settings kept
+        protocol = cfg["audit"]["probes"]["relearning_worstcase"]
+        assert protocol["spread_identities"] == 0
+        assert protocol == {**overlaid(overlays[:-1])["audit"]["probes"]["relearning_worstcase"], "spread_identities": 0}
+    # more attack samples for the verdicts: a setting of its own beside the attack's, which the audit jobs read
+    assert cfg["audit"]["attack_samples"] == (42 if "attack-samples.yaml" in overlays else 0)
+    if "attack-samples.yaml" in overlays:
+        attack = overlaid(overlays[:-1])["audit"]["probes"]["attack"]
+        assert cfg["audit"]["probes"]["attack"] == attack
     if "request.yaml" in overlays:  # the request is on, served by a run of the base config
         assert cfg["request"]["folder"] and cfg["request"]["run"] in cfg["unlearning"]["runs"]
 

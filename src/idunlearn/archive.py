@@ -45,15 +45,20 @@ MANIFEST = "MANIFEST.json"
 # The study audit's finished jobs: every audit job's rows (the audit tables read nothing else of them), the tuning
 # protocol's choice with its identity selection (the <run>.tuned runs read the choice), and each run's evaluation
 # metrics, samples and training time (SRK, KD and cost per identity beside the audit, without retraining); not the
-# unlearned models and images (megabytes each, read by that run's audit job alone). The original model's evaluation
-# is rebuilt by target audit_inputs.
+# unlearned models and images (megabytes each, read by that run's audit job alone). The rebuilt generators are kept
+# whole (each budget's job resumes the smaller one's and their evaluation and worst-case jobs read them, so a missing
+# one would redo them all), without their resume states. The original model's evaluation is rebuilt by target
+# audit_inputs.
 AUDIT_PATTERNS = ("{results}/audit/before/*/rows.parquet", "{results}/audit/after/*/*/rows.parquet",
                   "{results}/audit/external/*/*/rows.parquet", "{results}/audit/worstcase/*/*/rows.parquet",
-                  "{results}/audit/worstcase/external/*/*/rows.parquet", "{results}/tables/tuning/*",
+                  "{results}/audit/worstcase/external/*/*/rows.parquet",
+                  "{results}/audit/attack_samples/*/*/rows.parquet",
+                  "{results}/audit/attack_samples/external/*/*/rows.parquet", "{results}/tables/tuning/*",
                   "{results}/tuning/selection/*", "{results}/tuning/selection/identities/*",
                   "{results}/evaluation/after/*/*/metrics.json", "{results}/evaluation/after/*/*/samples.parquet",
                   "{results}/evaluation/external/*/*/metrics.json",
-                  "{results}/evaluation/external/*/*/samples.parquet", "{results}/unlearning/*/*/timings.json")
+                  "{results}/evaluation/external/*/*/samples.parquet", "{results}/unlearning/*/*/timings.json",
+                  "{results}/rebuild/search-*/*", "{results}/rebuild/*/b*/*")
 # Inputs of one audit job alone (a run's unlearned model and its evaluation on one identity): they may stay unbuilt.
 # fnmatch's * also matches '/'. The tuning's own jobs are private to its choice, which the archive holds.
 AUDIT_PRIVATE = ("{results}/unlearning/*", "{results}/evaluation/after/*", "{results}/evaluation/external/*",

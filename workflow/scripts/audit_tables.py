@@ -5,7 +5,7 @@ from idunlearn.audit.relearning import with_recovery
 from idunlearn.audit.relearning_worstcase import worstcase_cells, worstcase_markdown, worstcase_summary
 from idunlearn.audit.targets import audit_targets
 from idunlearn.audit.tables import (ORIGINAL, audit_markdown, audit_summary, audit_table, job_rows, plot_locality,
-                                    plot_neighbourhood, plot_relearning_curves)
+                                    plot_neighbourhood, plot_relearning_curves, with_attack_samples)
 from idunlearn.audit.verdicts import (identity_verdicts, paired_comparisons, reference_comparisons,
                                       reference_markdown, verdict_markdown)
 from idunlearn.io import atomic_path, read_json, write_csv, write_parquet
@@ -17,7 +17,8 @@ with stage_log(snakemake.log[0], "audit_tables"):
     marks = trained_against(params.training, params.probes)
     # recovery, ISM regained and gap derived from the jobs' ISM rows (audit.verdict.recovery_min_gap)
     jobs = [job_rows(p, True) for p in i.before] + [job_rows(p) for p in [*i.after, *i.worstcase]]
-    table = mark_trained_against(with_recovery(audit_table(jobs), params.verdict["recovery_min_gap"]), marks)
+    table = with_attack_samples(audit_table(jobs), [job_rows(p) for p in i.attack_samples])
+    table = mark_trained_against(with_recovery(table, params.verdict["recovery_min_gap"]), marks)
     summary = audit_summary(table, params.seed)
     verdicts = identity_verdicts(table, **params.verdict)
     comparisons = paired_comparisons(table, params.reference, params.seed)

@@ -39,6 +39,18 @@ def audit_table(jobs: list[tuple[str, int, pd.DataFrame]]) -> pd.DataFrame:
         ["run", "identity", *[c for c in jobs[0][2].columns]]]
 
 
+def with_attack_samples(table: pd.DataFrame, jobs: list[tuple[str, int, pd.DataFrame]]) -> pd.DataFrame:
+    """The audit ``table`` with the attack's rows of every (run, identity) in ``jobs`` (``job_rows`` of the jobs that
+    drew audit.attack_samples samples from the attack's winning condition) in place of the audit job's own, so that
+    the verdicts and every table read the larger draw."""
+    if not jobs:
+        return table
+    more = audit_table(jobs)
+    drawn = pd.MultiIndex.from_frame(more[["run", "identity"]].drop_duplicates())
+    replaced = (table["probe"] == "attack") & pd.MultiIndex.from_frame(table[["run", "identity"]]).isin(drawn)
+    return pd.concat([table[~replaced], more], ignore_index=True)[table.columns]
+
+
 def audit_summary(table: pd.DataFrame, seed: int) -> pd.DataFrame:
     """Per (run, probe, setting, metric): the mean over forget identities with its identity-bootstrap interval.
     Locality rows are per retain identity, not per setting: they are summarised in the plot, not here; the worst

@@ -20,8 +20,8 @@ The rule, declared in config ``audit.verdict`` before any audit runs:
   ``ATTACK_BOUND`` x the original's forget ISM), and failing to show hidden is never enough.
 - undetermined otherwise, with the reason: no attack ran, the attack failed its control, or too few attack samples
   to show equivalence (the samples per arm needed for ``power`` at the margin, with both arms at the reference's
-  pooled rate, is in the reason and in the verdict table's ``samples_needed``: audit.probes.attack.samples draws
-  more), or the upper bound lies above the margin with enough samples.
+  pooled rate, is in the reason and in the verdict table's ``samples_needed``: audit.attack_samples draws more
+  without rerunning the audit jobs), or the upper bound lies above the margin with enough samples.
 Per run, ``reference_comparisons`` gives the paired differences with the reference (attack success, Leak@k, relearning
 recovery, retain ISM and the held-out attacks) with Holm-corrected p-values.
 """
@@ -240,8 +240,8 @@ def decide_note(verdicts: pd.DataFrame, code=lambda text: f"`{text}`") -> list[s
     if any(TOO_FEW_MARK in reason for reason in reasons):
         needed = int(verdicts["samples_needed"].max())
         lines.append(f"Where too few attack samples could not show equivalence, more decide: "
-                     f"{code(f'audit.probes.attack.samples: {needed}')} draws them from the same winning condition "
-                     "(every audit job, the reference's included, runs again).")
+                     f"{code(f'audit.attack_samples: {needed}')} draws them from the same winning condition in a "
+                     "job of its own per audited run and identity, the reference's included (the audit jobs stay).")
     return lines
 
 
