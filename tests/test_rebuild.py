@@ -199,7 +199,9 @@ def test_evaluation_targets_by_hand(tmp_path):
     # forget ISM - (retrain + 0.05) = -0.03, -0.04, -0.02: sd 0.01, the whole interval below 0
     forget = t.loc["forget ISM <= retrain + 0.05"]
     assert forget["mean_diff"] == pytest.approx(-0.03) and forget["t_high"] == pytest.approx(-0.03 + 0.01 * half)
-    assert forget["met"]
+    # ... but 3 identities cannot show it after Holm: the smallest one-sided Wilcoxon p is 1/2^3, x3 targets
+    assert forget["p_wilcoxon"] == pytest.approx(1 / 8) and forget["p_holm"] == pytest.approx(3 / 8)
+    assert not forget["met"]
     # retain ISM - 0.95 x 0.7 = -0.065, 0.015, 0.035: mean -0.005, missed
     retain = t.loc["retain ISM >= 0.95 x PIU"]
     assert retain["mean_diff"] == pytest.approx(-0.005) and not retain["met"]
@@ -207,6 +209,11 @@ def test_evaluation_targets_by_hand(tmp_path):
     kd = t.loc["retain KD <= 1.10 x retrain"]
     assert kd["t_high"] == pytest.approx(-2 / 3 + np.std([-1, 0, -1], ddof=1) * half) and not kd["met"]
     assert len(targets) == 3
+    # the same three identities twice over (6): p = 1/2^6, Holm x3 = 0.047 < 0.05, and the interval below: met
+    six = pd.DataFrame(rows).assign(identity=lambda d: d["identity"] + 100)
+    _, more = rebuild_tables({"rb.b25": ledger}, pd.concat([pd.DataFrame(rows), six]), "piu", seed=0)
+    forget = more.set_index("target").loc["forget ISM <= retrain + 0.05"]
+    assert forget["p_holm"] == pytest.approx(3 / 64) and forget["met"]
     rebuild_curve(curve, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 0
 
