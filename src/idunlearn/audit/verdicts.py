@@ -240,8 +240,8 @@ def decide_note(verdicts: pd.DataFrame, code=lambda text: f"`{text}`") -> list[s
     if any(TOO_FEW_MARK in reason for reason in reasons):
         needed = int(verdicts["samples_needed"].max())
         lines.append(f"Where too few attack samples could not show equivalence, more decide: "
-                     f"{code(f'audit.attack_samples: {needed}')} draws them from the same winning condition in a "
-                     "job of its own per audited run and identity, the reference's included (the audit jobs stay).")
+                     f"{code(f'audit.attack_samples: {needed}')} repeats the attack and draws them in a job of its "
+                     "own per audited run and identity, the reference's included (the audit jobs stay).")
     return lines
 
 
