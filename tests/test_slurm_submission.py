@@ -142,6 +142,7 @@ def gpu_targets(results, tune_run: str) -> list[str]:
         "evaluation/external/ext/3/metrics.json", "analysis/layer_separation.csv",
         "audit/before/3/rows.parquet", "audit/after/piu/3/rows.parquet", "audit/external/ext/3/rows.parquet",
         "audit/worstcase/piu/3/rows.parquet", "audit/worstcase/external/ext/3/rows.parquet",
+        "audit/attack_samples/piu/3/rows.parquet", "audit/attack_samples/external/ext/3/rows.parquet",
         "export/piu/3/manifest.json",
         f"tuning/unlearning/{tune_run}/50/timings.json", "tuning/evaluation/before/50/metrics.json",
         f"tuning/evaluation/after/{tune_run}/50/metrics.json",
